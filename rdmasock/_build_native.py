@@ -1,0 +1,52 @@
+"""cffi builder for rdmasock._native: the C data path (shim/) for the Python API.
+
+Run by the package install (cffi_modules in pyproject.toml); paths are relative to the
+project root, where setuptools runs it."""
+import cffi
+
+SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c"]
+
+CDEF = """
+typedef struct rs_conn {
+    int fd;
+    uint32_t ring_size;
+    uint32_t max_payload;
+    uint64_t salt;
+    uint64_t tx_bytes;
+    uint64_t rx_bytes;
+    uint8_t fin_seen;
+    uint8_t fin_sent;
+    uint8_t tcp_eof;
+    uint8_t shut_rd;
+    int err;
+    uint64_t stat_bells_sent;
+    uint64_t stat_sleeps;
+    uint64_t stat_records_tx;
+    uint64_t stat_records_rx;
+    ...;
+} rs_conn;
+rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
+void rs_conn_free(rs_conn *c);
+const char *rs_conn_errmsg(const rs_conn *c);
+ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
+int rs_send_fin(rs_conn *c);
+int rs_tx_writable(rs_conn *c);
+ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+ssize_t rs_rx_available(rs_conn *c);
+int rs_rx_ready(rs_conn *c);
+int rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
+void *rs_shm_map(int memfd, size_t *len_out, int *err);
+"""
+
+ffibuilder = cffi.FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "rdmasock._native",
+    '#include "rs_conn.h"',
+    sources=SOURCES,
+    include_dirs=["shim"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,556 @@
+"""`rdmasock.socket`: a drop-in for `socket.socket` whose TCP connections to other
+rdmasock programs on this host travel through a shared-memory ring.
+
+The kernel TCP socket stays open underneath: `fileno()` is that socket, it carries the
+handshake and doorbell bytes, and select/selectors/asyncio wait on it.  Data moves through
+the C ring code in rdmasock._native; this class only decides which path a call takes."""
+import errno
+import math
+import os
+import socket as _socket
+import time
+
+from . import config, handshake as hs, log, rendezvous, upgrade
+from ._native import ffi, lib
+
+_base = _socket.socket
+_detached = {}         # fd -> state of an upgraded socket whose object was detach()ed
+
+_NONBLOCK_FLAGS = _socket.MSG_DONTWAIT
+_RBUF_SIZE = 65536
+
+
+def _is_stream_inet(family, type_):
+    return family in (_socket.AF_INET, _socket.AF_INET6) and (type_ & 0xF) == _socket.SOCK_STREAM
+
+
+class socket(_base):
+    """socket.socket with transparent same-host acceleration.  Extra attributes:
+    `transport` ("shm" or "tcp") and `fallback_reason` (None or a reason code)."""
+
+    def __new__(cls, family=-1, type=-1, proto=-1, fileno=None):
+        if fileno is not None and (family == -1 or type == -1):
+            probe = _base(fileno=fileno)
+            family = probe.family if family == -1 else family
+            type = probe.type if type == -1 else type
+            probe.detach()
+        if family == -1:
+            family = _socket.AF_INET
+        if type == -1:
+            type = _socket.SOCK_STREAM
+        if not _is_stream_inet(family, type):
+            return _base(family, type, proto, fileno)   # other families: ordinary sockets
+        return super().__new__(cls, family, type, proto, fileno)
+
+    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+        super().__init__(family, type, proto, fileno)
+        self._conn = None          # C connection when upgraded
+        self._hs = None            # upgrade.Client / upgrade.Server while handshaking
+        self._pending = None       # bytes sent before the handshake finished
+        self._broken = None        # exception to raise (bad handshake)
+        self._lmarker = None       # listener rendezvous registration
+        self._rbuf = None
+        self.transport = "tcp"
+        self.fallback_reason = None
+        if fileno is not None and fileno in _detached:
+            self._conn, self.transport = _detached.pop(fileno)
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _timeout_ms(self):
+        t = self.gettimeout()
+        if t is None:
+            return -1
+        return 0 if t == 0 else max(1, math.ceil(t * 1000))
+
+    def _deadline(self):
+        t = self.gettimeout()
+        if t is None:
+            return float("inf")
+        return None if t == 0 else time.monotonic() + t
+
+    def _fail(self, r):
+        """Raises the exception for a negative errno from the C data path."""
+        e = -r
+        if e == errno.EAGAIN:
+            if self.gettimeout():
+                raise TimeoutError("timed out")
+            raise BlockingIOError(e, os.strerror(e))
+        if e == errno.EPROTO and self._conn is not None:
+            raise OSError(e, ffi.string(lib.rs_conn_errmsg(self._conn)).decode())
+        raise OSError(e, os.strerror(e)) if e not in _ERRCLS else _ERRCLS[e](e, os.strerror(e))
+
+    def _log(self, role):
+        try:
+            local, peer = self.getsockname(), self.getpeername()
+        except OSError:
+            local, peer = None, None
+        log.connection(role, local, peer, self.transport, self.fallback_reason)
+
+    def _settle(self, outcome, role):
+        """The handshake ended: switch to the ring or stay on TCP, then flush."""
+        h, self._hs = self._hs, None
+        h.close()
+        self.transport = outcome.transport
+        self.fallback_reason = outcome.reason
+        if outcome.conn is not None:
+            self._conn = outcome.conn
+        self._log(role)
+
+    def _drive(self, deadline):
+        """Advances a pending handshake.  Returns True when it is over."""
+        h = self._hs
+        if h is None:
+            return True
+        try:
+            outcome = h.step(deadline)
+        except hs.HandshakeError as exc:
+            self._hs = None
+            h.close()
+            self.fallback_reason = exc.reason
+            self._broken = exc
+            self._log("client" if isinstance(h, upgrade.Client) else "server")
+            raise
+        if outcome is None:
+            return False
+        self._settle(outcome, "client" if isinstance(h, upgrade.Client) else "server")
+        if self._pending:
+            self._flush_pending()
+        return True
+
+    def _ready_for_io(self, for_write):
+        """Makes sure the handshake is over before data moves.  For a write while the peer
+        has not answered yet, returns False: the caller queues the bytes."""
+        if self._broken is not None:
+            raise self._broken
+        if self._hs is None:
+            return True
+        if self._drive(None):
+            return True
+        if for_write:
+            return False
+        if self._deadline() is None:
+            raise BlockingIOError(errno.EAGAIN, "rdmasock: handshake in progress")
+        if not self._drive(self._deadline()):
+            raise TimeoutError("timed out")
+        return True
+
+    def _flush_pending(self):
+        data, self._pending = self._pending, None
+        view = memoryview(data)
+        if self._conn is not None:
+            while view:
+                r = lib.rs_send(self._conn, ffi.from_buffer(view), len(view), 0, -1)
+                if r < 0:
+                    self._fail(r)
+                view = view[r:]
+        else:
+            _base.sendall(self, view)
+
+    def _queue(self, data):
+        limit = config.get().pending_limit
+        n = len(memoryview(data).cast("B"))
+        if self._pending is None:
+            self._pending = bytearray()
+        if len(self._pending) + n > limit:
+            if not self._drive(self._deadline() if self.gettimeout() != 0 else None):
+                if len(self._pending) >= limit:
+                    raise BlockingIOError(errno.EAGAIN, "rdmasock: handshake in progress")
+                n = limit - len(self._pending)
+            else:
+                return None                      # handshake done: caller sends normally
+        self._pending += memoryview(data).cast("B")[:n]
+        return n
+
+    # ---- connection set-up ---------------------------------------------------------
+
+    def _client_plan(self, address):
+        """Decides whether to offer an upgrade.  Returns (sockaddr, upgrade.Client|None)."""
+        cfg = config.get()
+        host, port = address[0], address[1]
+        infos = _socket.getaddrinfo(host, port, self.family, _socket.SOCK_STREAM)
+        sockaddr = infos[0][4] if infos else address
+        if self._conn is not None or self._hs is not None:
+            return sockaddr, None
+        reason = None
+        if cfg.disabled:
+            reason = "disabled"
+        elif port in cfg.exclude_ports:
+            reason = "excluded"
+        elif "shm" not in cfg.transports:
+            reason = "no_common_transport"
+        elif not rendezvous.listener_exists(sockaddr[0], port):
+            reason = "peer_not_rdmasock"
+        if reason:
+            self.fallback_reason = reason
+            return sockaddr, None
+        local = self.getsockname()
+        if local[1] == 0:
+            ip = sockaddr[0]
+            if rendezvous.norm_ip(ip) == "*":
+                ip = "127.0.0.1" if self.family == _socket.AF_INET else "::1"
+            try:
+                self.bind((ip, 0) + tuple(sockaddr[2:]))
+            except OSError as exc:
+                if not rendezvous.is_local_bind_error(exc):
+                    raise
+                self.fallback_reason = "not_local"
+                return sockaddr, None
+            local = self.getsockname()
+        elif rendezvous.norm_ip(local[0]) == "*":
+            self.fallback_reason = "excluded"       # wildcard-bound client port: name unknowable
+            return sockaddr, None
+        marker = rendezvous.register_client(local[0], local[1])
+        if marker is None:
+            self.fallback_reason = "marker_busy"
+            return sockaddr, None
+        return sockaddr, upgrade.Client(self, marker)
+
+    def connect(self, address):
+        sockaddr, client = self._client_plan(address)
+        if client is None:
+            _base.connect(self, sockaddr)
+            if self._hs is None and self._conn is None:
+                self._log("client")
+            return
+        self._hs = client
+        try:
+            _base.connect(self, sockaddr)
+        except (BlockingIOError, InterruptedError):
+            # Loopback connects finish at once unless the backlog is full: wait a moment so
+            # the HELLO leaves now, not at the application's next call.
+            if not client.connected(time.monotonic() + 0.05):
+                raise
+        except BaseException:
+            self._hs = None
+            client.close()
+            raise
+        client.start()
+        self._drive(None)
+
+    def connect_ex(self, address):
+        try:
+            self.connect(address)
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        return 0
+
+    def listen(self, backlog=None):
+        if backlog is None:
+            _base.listen(self)
+        else:
+            _base.listen(self, backlog)
+        cfg = config.get()
+        if self._lmarker is None and not cfg.disabled and "shm" in cfg.transports:
+            self._lmarker = rendezvous.register_listener(self.getsockname())
+
+    def accept(self):
+        fd, addr = self._accept()
+        sock = socket(self.family, self.type, self.proto, fileno=fd)
+        if _socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)
+        cfg = config.get()
+        if self._lmarker is None or cfg.disabled:
+            sock.fallback_reason = "disabled" if cfg.disabled else "peer_not_rdmasock"
+            sock._log("server")
+        elif addr[1] in cfg.exclude_ports or not rendezvous.client_exists(addr[0], addr[1]):
+            sock.fallback_reason = "peer_not_rdmasock"
+            sock._log("server")
+        else:
+            sock._hs = upgrade.Server(sock)
+            # A blocking listener may wait briefly for the HELLO (the client sends it right
+            # after connect); a nonblocking one (event loops) never waits here.
+            wait = None if self.gettimeout() == 0 else time.monotonic() + cfg.handshake_timeout
+            try:
+                sock._drive(wait)
+            except hs.HandshakeError:
+                pass                              # raised again at the first I/O
+        return sock, addr
+
+    # ---- data ----------------------------------------------------------------------
+
+    def recv(self, bufsize, flags=0):
+        c = self._conn
+        if c is None:
+            if self._hs is None and self._broken is None:
+                return _base.recv(self, bufsize, flags)
+            self._ready_for_io(False)
+            return self.recv(bufsize, flags)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recv")
+        if bufsize <= _RBUF_SIZE:
+            buf = self._rbuf
+            if buf is None:
+                buf = self._rbuf = ffi.new("char[]", _RBUF_SIZE)
+        else:
+            buf = ffi.new("char[]", bufsize)
+        tmo = 0 if flags & _NONBLOCK_FLAGS else self._timeout_ms()
+        while True:
+            r = lib.rs_recv(c, buf, bufsize, flags, tmo)
+            if r >= 0:
+                return ffi.unpack(buf, r)
+            if r != -errno.EINTR:
+                self._fail(r)
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        c = self._conn
+        if c is None:
+            if self._hs is None and self._broken is None:
+                return _base.recv_into(self, buffer, nbytes, flags)
+            self._ready_for_io(False)
+            return self.recv_into(buffer, nbytes, flags)
+        view = memoryview(buffer).cast("B")
+        if nbytes <= 0 or nbytes > len(view):
+            nbytes = len(view)
+        tmo = 0 if flags & _NONBLOCK_FLAGS else self._timeout_ms()
+        p = ffi.from_buffer(view, require_writable=True)
+        while True:
+            r = lib.rs_recv(c, p, nbytes, flags, tmo)
+            if r >= 0:
+                return r
+            if r != -errno.EINTR:
+                self._fail(r)
+
+    def recvfrom(self, bufsize, flags=0):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.recvfrom(self, bufsize, flags)
+        return self.recv(bufsize, flags), None
+
+    def recvfrom_into(self, buffer, nbytes=0, flags=0):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.recvfrom_into(self, buffer, nbytes, flags)
+        return self.recv_into(buffer, nbytes, flags), None
+
+    def recvmsg(self, bufsize, ancbufsize=0, flags=0):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.recvmsg(self, bufsize, ancbufsize, flags)
+        return self.recv(bufsize, flags), [], 0, None
+
+    def recvmsg_into(self, buffers, ancbufsize=0, flags=0):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.recvmsg_into(self, buffers, ancbufsize, flags)
+        total = 0
+        for b in buffers:
+            n = len(memoryview(b).cast("B"))
+            got = self.recv_into(b, n, flags if not total else flags | _socket.MSG_DONTWAIT) if n else 0
+            total += got
+            if got < n:
+                break
+        return total, [], 0, None
+
+    def send(self, data, flags=0):
+        c = self._conn
+        if c is None:
+            if self._hs is None and self._broken is None:
+                return _base.send(self, data, flags)
+            if not self._ready_for_io(True):
+                n = self._queue(data)
+                if n is not None:
+                    return n
+            return self.send(data, flags)
+        if self._pending:
+            self._flush_pending()
+        nonblock = 1 if flags & _NONBLOCK_FLAGS else 0
+        tmo = self._timeout_ms()
+        with ffi.from_buffer(data) as p:
+            while True:
+                r = lib.rs_send(c, p, len(p), nonblock, tmo)
+                if r >= 0:
+                    return r
+                if r != -errno.EINTR:
+                    self._fail(r)
+
+    def sendall(self, data, flags=0):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.sendall(self, data, flags)
+        view = memoryview(data).cast("B")
+        deadline = self._deadline()
+        while view:
+            if deadline not in (None, float("inf")) and time.monotonic() >= deadline:
+                raise TimeoutError("timed out")
+            n = self.send(view, flags)
+            view = view[n:]
+
+    def sendmsg(self, buffers, ancdata=(), flags=0, address=None):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
+        if ancdata:
+            raise OSError(errno.EOPNOTSUPP, "rdmasock: ancillary data on an upgraded TCP connection")
+        return self.send(b"".join(bytes(memoryview(b).cast("B")) for b in buffers), flags)
+
+    def sendto(self, data, flags_or_addr, addr=None):
+        if self._conn is None and self._hs is None and self._broken is None:
+            return _base.sendto(self, data, flags_or_addr, *([addr] if addr is not None else []))
+        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
+
+    def sendfile(self, file, offset=0, count=None):
+        if self._conn is None and self._hs is None:
+            return _base.sendfile(self, file, offset, count)
+        return self._sendfile_use_send(file, offset, count)
+
+    # ---- teardown ------------------------------------------------------------------
+
+    def shutdown(self, how):
+        if self._hs is not None:
+            self._finish_handshake_for_close()
+        c = self._conn
+        if c is None:
+            return _base.shutdown(self, how)
+        if self._pending:
+            self._flush_pending()
+        if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
+            c.shut_rd = 1
+        if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
+            lib.rs_send_fin(c)
+
+    def _finish_handshake_for_close(self):
+        """close()/shutdown() while the peer has not answered: wait (bounded) for it; a
+        client that gives up sends its queued bytes as plain TCP right after the HELLO,
+        which the server strips (docs/PROTOCOL.md, "Giving up")."""
+        try:
+            self._drive(time.monotonic() + config.get().handshake_timeout)
+        except (OSError, hs.HandshakeError):
+            pass
+        h = self._hs
+        if h is None:
+            return
+        self._hs = None
+        h.close()
+        self.fallback_reason = "handshake_timeout"
+        if isinstance(h, upgrade.Client) and h.hello_sent and self._pending:
+            try:
+                data, self._pending = self._pending, None
+                _base.sendall(self, data)
+            except OSError:
+                pass
+
+    def _real_close(self):
+        c, self._conn = self._conn, None
+        if c is not None:
+            if self._pending:
+                try:
+                    self._flush_pending()
+                except OSError:
+                    pass
+            lib.rs_send_fin(c)
+            upgrade.transport_shm.release(c)
+        if self._lmarker is not None:
+            self._lmarker.close()
+            self._lmarker = None
+        super()._real_close()
+
+    def close(self):
+        if self._hs is not None and not self._closed_flag():
+            self._finish_handshake_for_close()
+        super().close()
+
+    def _closed_flag(self):
+        return getattr(self, "_closed", False)
+
+    def detach(self):
+        if self._hs is not None:
+            self._finish_handshake_for_close()
+        c, self._conn = self._conn, None
+        if self._lmarker is not None:
+            self._lmarker.close()
+            self._lmarker = None
+        fd = super().detach()
+        if c is not None:
+            _detached[fd] = (c, self.transport)     # rdmasock.socket(fileno=fd) re-attaches
+        return fd
+
+    def dup(self):
+        if self._conn is not None or self._hs is not None:
+            raise OSError(errno.EOPNOTSUPP, "rdmasock: dup() of an upgraded socket is not supported; use the object")
+        return super().dup()
+
+    # ---- readiness helpers (used by tests and tools) ---------------------------------
+
+    def pending_bytes(self):
+        """Bytes receivable without waiting (like ioctl FIONREAD)."""
+        if self._conn is None:
+            import fcntl
+            import struct
+            import termios
+            return struct.unpack("i", fcntl.ioctl(self.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        return lib.rs_rx_available(self._conn)
+
+    def getsockopt(self, *args):
+        h = self._hs
+        if h is not None and isinstance(h, upgrade.Client) and not h.hello_sent and args[:2] == (_socket.SOL_SOCKET, _socket.SO_ERROR):
+            # asyncio finishes a nonblocking connect by reading SO_ERROR: send the HELLO now.
+            err = _base.getsockopt(self, *args)
+            if err == 0 and h.connected(None):
+                h.start()
+            return err
+        return _base.getsockopt(self, *args)
+
+    def __repr__(self):
+        return _base.__repr__(self)[:-1] + ", transport=%s>" % self.transport
+
+    def stats(self):
+        c = self._conn
+        if c is None:
+            return {"transport": self.transport, "fallback_reason": self.fallback_reason}
+        return {"transport": self.transport, "bytes_sent": c.tx_bytes, "bytes_received": c.rx_bytes,
+                "records_sent": c.stat_records_tx, "records_received": c.stat_records_rx,
+                "doorbells_sent": c.stat_bells_sent, "sleeps": c.stat_sleeps}
+
+
+_ERRCLS = {
+    errno.ECONNRESET: ConnectionResetError,
+    errno.EPIPE: BrokenPipeError,
+    errno.ECONNABORTED: ConnectionAbortedError,
+    errno.ECONNREFUSED: ConnectionRefusedError,
+}
+
+
+def create_connection(address, timeout=_socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None, *, all_errors=False):
+    """Like socket.create_connection, returning an rdmasock socket."""
+    host, port = address
+    exceptions = []
+    for family, type_, proto, _, sa in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = None
+        try:
+            sock = socket(family, type_, proto)
+            if timeout is not _socket._GLOBAL_DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sa)
+            exceptions.clear()
+            return sock
+        except OSError as exc:
+            exceptions.append(exc)
+            if sock is not None:
+                sock.close()
+    if exceptions:
+        if all_errors:
+            raise ExceptionGroup("create_connection failed", exceptions)
+        raise exceptions[0]
+    raise OSError("getaddrinfo returns an empty list")
+
+
+def create_server(address, *, family=_socket.AF_INET, backlog=None, reuse_port=False, dualstack_ipv6=False):
+    """Like socket.create_server, returning an rdmasock listening socket."""
+    if reuse_port and not hasattr(_socket, "SO_REUSEPORT"):
+        raise ValueError("SO_REUSEPORT not supported on this platform")
+    if dualstack_ipv6:
+        if not _socket.has_dualstack_ipv6():
+            raise ValueError("dualstack_ipv6 not supported on this platform")
+        if family != _socket.AF_INET6:
+            raise ValueError("dualstack_ipv6 requires AF_INET6 family")
+    sock = socket(family, _socket.SOCK_STREAM)
+    try:
+        if os.name not in ("nt", "cygwin") and hasattr(_socket, "SO_REUSEADDR"):
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEPORT, 1)
+        if family == _socket.AF_INET6 and hasattr(_socket, "IPPROTO_IPV6"):
+            sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 0 if dualstack_ipv6 else 1)
+        sock.bind(address)
+        sock.listen(backlog) if backlog is not None else sock.listen()
+        return sock
+    except BaseException:
+        sock.close()
+        raise

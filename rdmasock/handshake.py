@@ -1,0 +1,85 @@
+"""The upgrade handshake carried over the connection's own TCP stream (docs/PROTOCOL.md).
+
+Fixed 64-byte big-endian messages, versioned, with feature bits negotiated the way the
+Valkey/Redis RDMA protocol does it (the server answers with the subset it supports):
+
+    0  magic     8  "\\x89RDMSK\\r\\n"
+    8  version   2
+   10  opcode    2  1 HELLO (client), 2 ACCEPT (server), 3 DECLINE (server)
+   12  length    4  total message length (64 in version 1; at most 4096)
+   16  features  8
+   24  transports 4 HELLO: offered bits; ACCEPT: the chosen bit
+   28  reason    4  DECLINE: reason code (rdmasock.reasons)
+   32  nonce    16  HELLO: random; ACCEPT/DECLINE: echoed
+   48  ring_log2 1  HELLO: requested ring size; ACCEPT: granted
+   49  pad       3
+   52  pid       4  sender's pid (diagnostics only)
+   56  salt      8  ACCEPT: footer salt of the segment
+"""
+import struct
+
+MAGIC = b"\x89RDMSK\r\n"
+VERSION = 1
+MSG = struct.Struct(">8sHHIQII16sB3xIQ")
+MSG_LEN = MSG.size
+MAX_LEN = 4096
+assert MSG_LEN == 64
+
+OP_HELLO, OP_ACCEPT, OP_DECLINE = 1, 2, 3
+T_SHM, T_RDMA = 1, 2
+TRANSPORT_BITS = {"shm": T_SHM, "rdma": T_RDMA}
+
+F_SALTED_FOOTER = 1 << 0   # footer = hash(salt, seq, lenword)
+F_LAZY_CREDIT = 1 << 1     # credit returned every quarter ring
+F_INBAND_FIN = 1 << 2      # half-close travels as a FIN record
+F_SPIN_SKIP = 1 << 3       # consumer's spin_limit lets the producer skip doorbells
+REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP
+SUPPORTED = REQUIRED
+
+
+class HandshakeError(ConnectionError):
+    """The peer sent bytes that are not a valid rdmasock handshake."""
+
+    def __init__(self, reason, message):
+        import errno
+        super().__init__(errno.EPROTO, message)
+        self.reason = reason
+
+
+class Message:
+    __slots__ = ("version", "op", "length", "features", "transports", "reason", "nonce", "ring_log2", "pid", "salt")
+
+    def __init__(self, op, features=0, transports=0, reason=0, nonce=b"\0" * 16, ring_log2=0, pid=0, salt=0,
+                 version=VERSION, length=MSG_LEN):
+        self.version, self.op, self.length = version, op, length
+        self.features, self.transports, self.reason = features, transports, reason
+        self.nonce, self.ring_log2, self.pid, self.salt = nonce, ring_log2, pid, salt
+
+    def pack(self):
+        return MSG.pack(MAGIC, self.version, self.op, self.length, self.features, self.transports,
+                        self.reason, self.nonce, self.ring_log2, self.pid, self.salt)
+
+
+def classify(prefix):
+    """'more' if prefix could still become a handshake message, 'no' if it cannot be one."""
+    n = min(len(prefix), len(MAGIC))
+    return "more" if prefix[:n] == MAGIC[:n] else "no"
+
+
+def parse(buf, expect_ops):
+    """Parses one message from buf (at least 64 bytes).  Raises HandshakeError."""
+    if buf[:8] != MAGIC:
+        raise HandshakeError("handshake_garbage", "rdmasock: handshake: bad magic %r" % bytes(buf[:8]))
+    (_, version, op, length, features, transports, reason, nonce, ring_log2, pid, salt) = MSG.unpack_from(buf)
+    if length < MSG_LEN or length > MAX_LEN:
+        raise HandshakeError("handshake_garbage", "rdmasock: handshake: bogus message length %d" % length)
+    if op not in expect_ops:
+        raise HandshakeError("handshake_garbage", "rdmasock: handshake: unexpected opcode %d" % op)
+    if version == 0:
+        raise HandshakeError("handshake_garbage", "rdmasock: handshake: version 0")
+    return Message(op, features, transports, reason, nonce, ring_log2, pid, salt, version, length)
+
+
+def declared_length(buf):
+    """The length field of a message whose first 16 bytes are in buf."""
+    return struct.unpack_from(">I", buf, 12)[0]

@@ -1,0 +1,31 @@
+"""Connection outcome log (RDMASOCK_LOG_FILE).  Never writes to stdout/stderr; a log file
+that cannot be written is ignored so the program runs on."""
+import os
+import time
+
+from . import config
+
+
+def connection(role, local, peer, transport, reason=None):
+    path = config.get().log_file
+    if not path:
+        return
+    line = "%s pid=%d role=%s local=%s peer=%s transport=%s" % (
+        time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), role, _fmt(local), _fmt(peer), transport)
+    if reason:
+        line += " reason=%s" % reason
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _fmt(addr):
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = addr[0]
+        return "[%s]:%d" % (host, addr[1]) if ":" in host else "%s:%d" % (host, addr[1])
+    return str(addr)

@@ -1,0 +1,31 @@
+"""Fallback reason codes: why a connection stayed plain TCP.
+
+Each code has a number (carried in a DECLINE handshake message, see docs/PROTOCOL.md) and
+a name (shown in `.fallback_reason`, log lines and `rdmasock stat`)."""
+
+REASONS = {
+    1: ("disabled", "rdmasock is disabled by configuration (RDMASOCK_DISABLE)"),
+    2: ("excluded", "the address or port is excluded by configuration"),
+    3: ("peer_not_rdmasock", "the peer does not run rdmasock (no rendezvous registered)"),
+    4: ("not_local", "the peer is on another host and no RDMA transport is available"),
+    5: ("marker_busy", "the client rendezvous name for this local port is taken"),
+    6: ("shm_unavailable", "shared memory could not be created or mapped"),
+    7: ("fd_pass_failed", "the shared-memory descriptor could not be passed to the peer"),
+    8: ("version_mismatch", "no common protocol version"),
+    9: ("no_common_transport", "the peers share no enabled transport"),
+    10: ("handshake_garbage", "the peer sent bytes that are not a valid handshake"),
+    11: ("handshake_timeout", "the handshake did not complete in time"),
+    12: ("already_connected", "the socket was connected before rdmasock saw it"),
+    13: ("peer_declined", "the peer declined the upgrade"),
+}
+
+CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}
+
+
+def name(code):
+    return REASONS.get(code, ("unknown_%d" % code, ""))[0]
+
+
+def describe(reason):
+    code = CODE_BY_NAME.get(reason.split(":")[0])
+    return REASONS[code][1] if code else reason

@@ -1,0 +1,217 @@
+"""Drives the upgrade handshake of one connection (control plane; see handshake.py).
+
+Both sides make progress lazily: `step()` is called from the socket's operations and
+returns None while the peer's message has not arrived, so nonblocking sockets and event
+loops never wait here.  Only this module reads the handshake bytes, always by peeking
+first, so bytes that are not a handshake are left to the application untouched."""
+import os
+import secrets
+import select
+import socket as _s
+import time
+
+from . import config, handshake as hs, reasons, rendezvous, transport_shm
+
+_recv = _s.socket.recv
+_sendall = _s.socket.sendall
+
+
+class Outcome:
+    __slots__ = ("transport", "reason", "conn")
+
+    def __init__(self, transport, reason=None, conn=None):
+        self.transport, self.reason, self.conn = transport, reason, conn
+
+
+def _wait(fd, events, deadline):
+    """Waits for events until deadline (monotonic seconds, inf = forever). True if ready."""
+    p = select.poll()
+    p.register(fd, events)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ms = -1 if left == float("inf") else max(1, int(left * 1000))
+        if p.poll(min(ms, 1000) if ms >= 0 else 1000):
+            return True
+
+
+class _Side:
+    """Handshake state common to both sides."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.partial_since = None    # first time a partial message was seen (truncation timeout)
+
+    def read(self, ops, deadline):
+        """One message of the given opcodes; None if not (yet) there; 'plain' if the stream
+        does not begin with a handshake message at all."""
+        sock, cfg = self.sock, config.get()
+        while True:
+            try:
+                data = _recv(sock, hs.MSG_LEN, _s.MSG_PEEK | _s.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            if data == b"":
+                return "plain"                         # peer closed before any handshake byte
+            if data:
+                if hs.classify(data) == "no":
+                    return "plain"
+                if len(data) >= 16:
+                    length = hs.declared_length(data)
+                    if length < hs.MSG_LEN or length > hs.MAX_LEN:
+                        self._discard()
+                        raise hs.HandshakeError("handshake_garbage",
+                                                "rdmasock: handshake: bogus message length %d" % length)
+                    full = _recv(sock, length, _s.MSG_PEEK | _s.MSG_DONTWAIT) if length > len(data) else data
+                    if len(full) >= length:
+                        try:
+                            msg = hs.parse(full, ops)
+                        finally:
+                            self._consume(length)
+                        return msg
+                now = time.monotonic()
+                if self.partial_since is None:
+                    self.partial_since = now
+                elif now - self.partial_since > cfg.handshake_timeout:
+                    self._discard()
+                    raise hs.HandshakeError("handshake_timeout", "rdmasock: handshake: truncated message (%d bytes)" % len(data))
+                if deadline is None:
+                    return None
+                deadline = min(deadline, self.partial_since + cfg.handshake_timeout + 0.01)
+                time.sleep(0.001)
+                continue
+            if deadline is None or not _wait(sock.fileno(), select.POLLIN, deadline):
+                return None
+
+    def _consume(self, n):
+        while n > 0:
+            got = _recv(self.sock, n, _s.MSG_DONTWAIT)
+            if not got:
+                break
+            n -= len(got)
+
+    def _discard(self):
+        try:
+            while _recv(self.sock, 65536, _s.MSG_DONTWAIT):
+                pass
+        except OSError:
+            pass
+
+
+class Client(_Side):
+    """Client side: HELLO after connect, then ACCEPT (+ descriptor) or DECLINE."""
+
+    def __init__(self, sock, marker):
+        super().__init__(sock)
+        self.marker = marker
+        self.nonce = secrets.token_bytes(16)
+        self.hello_sent = False
+
+    def start(self):
+        cfg = config.get()
+        offer = 0
+        for t in cfg.transports:
+            offer |= hs.TRANSPORT_BITS.get(t, 0) & hs.T_SHM    # rdma: not offered by this build
+        hello = hs.Message(hs.OP_HELLO, features=hs.SUPPORTED, transports=offer, nonce=self.nonce,
+                           ring_log2=cfg.ring_size.bit_length() - 1, pid=os.getpid())
+        _sendall(self.sock, hello.pack())
+        self.hello_sent = True
+
+    def connected(self, deadline):
+        """For a deferred (nonblocking) connect: True once established; raises if it failed."""
+        fd = self.sock.fileno()
+        if deadline is not None and not _wait(fd, select.POLLOUT, deadline):
+            return False
+        if deadline is None and not select.select([], [fd], [], 0)[1]:
+            return False
+        err = _s.socket.getsockopt(self.sock, _s.SOL_SOCKET, _s.SO_ERROR)
+        if err:
+            raise OSError(err, os.strerror(err))
+        return True
+
+    def step(self, deadline):
+        if not self.hello_sent:
+            if not self.connected(deadline):
+                return None
+            self.start()
+        msg = self.read((hs.OP_ACCEPT, hs.OP_DECLINE), deadline)
+        if msg is None:
+            return None
+        if msg == "plain":
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: the server did not answer with a handshake")
+        if msg.nonce != self.nonce:
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: reply does not echo our nonce")
+        if msg.op == hs.OP_DECLINE:
+            return Outcome("tcp", reasons.name(msg.reason))
+        if msg.transports != hs.T_SHM or msg.features & hs.REQUIRED != hs.REQUIRED:
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT of a transport we did not offer")
+        fd = None
+        for _ in range(200):                   # sent before ACCEPT: normally already queued
+            fd = rendezvous.recv_fd(self.marker, self.nonce)
+            if fd is not None:
+                break
+            time.sleep(0.005)
+        if fd is None:
+            raise hs.HandshakeError("fd_pass_failed", "rdmasock: handshake: shared memory descriptor never arrived")
+        try:
+            conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us)
+        finally:
+            os.close(fd)
+        if conn.salt != msg.salt:
+            transport_shm.release(conn)
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
+        return Outcome("shm", conn=conn)
+
+    def close(self):
+        if self.marker is not None:
+            self.marker.close()
+            self.marker = None
+
+
+class Server(_Side):
+    """Server side: never sends first; answers a HELLO with ACCEPT or DECLINE."""
+
+    def step(self, deadline):
+        msg = self.read((hs.OP_HELLO,), deadline)
+        if msg is None:
+            return None
+        if msg == "plain":
+            return Outcome("tcp", "peer_not_rdmasock")
+        reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
+        outcome = self._choose(msg, reply)
+        _sendall(self.sock, reply.pack())
+        return outcome
+
+    def _choose(self, hello, reply):
+        cfg = config.get()
+        if hello.features & hs.REQUIRED != hs.REQUIRED:
+            reply.reason = reasons.CODE_BY_NAME["version_mismatch"]
+            return Outcome("tcp", "version_mismatch")
+        if not (hello.transports & hs.T_SHM and "shm" in cfg.transports):
+            reply.reason = reasons.CODE_BY_NAME["no_common_transport"]
+            return Outcome("tcp", "no_common_transport")
+        ring_log2 = min(max(hello.ring_log2, 12), cfg.ring_size.bit_length() - 1, 30)
+        salt = secrets.randbits(64)
+        stage = "shm_unavailable"
+        memfd = None
+        try:
+            memfd = transport_shm.create_segment(1 << ring_log2, salt)
+            conn = transport_shm.attach(memfd, self.sock.fileno(), True, cfg.spin_us)
+            stage = "fd_pass_failed"
+            peer = self.sock.getpeername()
+            rendezvous.send_fd(peer[0], peer[1], hello.nonce, memfd)
+        except OSError:
+            if stage == "fd_pass_failed":
+                transport_shm.release(conn)
+            reply.reason = reasons.CODE_BY_NAME[stage]
+            return Outcome("tcp", stage)
+        finally:
+            if memfd is not None:
+                os.close(memfd)
+        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, hello.features & hs.SUPPORTED
+        reply.ring_log2, reply.salt = ring_log2, salt
+        return Outcome("shm", conn=conn)
+
+    def close(self):
+        pass

@@ -1,0 +1,96 @@
+/* rs_conn.h - per-connection state of an upgraded socket and the data-path API.
+ *
+ * A connection is one TCP socket (kept open: it carries doorbell bytes and tells us when
+ * the peer dies) plus a transmit ring in the peer's memory and a receive ring in ours.
+ * All functions return >= 0 on success or a negative errno; none allocates or makes a
+ * system call while the ring has room (send) or data (receive).
+ */
+#ifndef RS_CONN_H
+#define RS_CONN_H
+#include <stdint.h>
+#include <sys/types.h>
+#include "rs_wire.h"
+
+#define RS_ERRMSG_LEN 160
+
+struct rs_conn {
+    int      fd;              /* the application's TCP socket: doorbell + liveness */
+    uint32_t ring_size, mask, max_payload;
+    uint64_t salt;
+
+    /* transmit side: records go into tx_ring (peer's receive ring) */
+    uint8_t *tx_ring;
+    struct rs_dir_ctl *tx_ctl;
+    uint64_t tx_pos;          /* absolute ring position of the next record */
+    uint64_t tx_seq;          /* sequence number of the next record */
+    uint64_t tx_bytes;        /* payload bytes published */
+    uint64_t tx_head_seen;    /* last credit read from tx_ctl->head */
+
+    /* receive side: records arrive in rx_ring */
+    uint8_t *rx_ring;
+    struct rs_dir_ctl *rx_ctl;
+    uint64_t rx_pos;          /* absolute ring position of the current record */
+    uint64_t rx_seq;
+    uint64_t rx_bytes;        /* payload bytes handed to the application */
+    uint64_t rx_head_pub;     /* credit last published (rx_ctl->head) */
+    uint32_t rx_cur_len;      /* payload length of the current, validated record (0: none) */
+    uint32_t rx_cur_off;      /* bytes of it already consumed */
+    uint64_t bells_drained;   /* doorbell bytes read off the TCP socket */
+
+    /* state */
+    uint8_t  fin_seen;        /* peer's FIN record consumed: reads return 0 */
+    uint8_t  fin_sent;        /* our FIN record written: writes fail with EPIPE */
+    uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
+    uint8_t  shut_rd;
+    int      err;             /* sticky error (positive errno), 0 if healthy */
+    char     errmsg[RS_ERRMSG_LEN];
+
+    /* tuning */
+    uint32_t spin_ns;         /* busy-poll budget before sleeping in the kernel (maximum) */
+    uint32_t spin_cur;        /* current adaptive budget, <= spin_ns */
+
+    /* shm mapping owned by this connection (NULL for other transports) */
+    void    *map_base;
+    size_t   map_len;
+
+    /* statistics */
+    uint64_t stat_bells_sent, stat_sleeps, stat_records_tx, stat_records_rx;
+};
+typedef struct rs_conn rs_conn;
+
+/* rs_conn.c */
+rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
+void     rs_conn_free(rs_conn *c);
+const char *rs_conn_errmsg(const rs_conn *c);
+void     rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...);
+
+/* rs_produce.c */
+ssize_t  rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
+int      rs_send_fin(rs_conn *c);
+void     rs_tx_flush_bell(rs_conn *c);
+int      rs_tx_writable(rs_conn *c);
+
+/* rs_consume.c */
+ssize_t  rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+ssize_t  rs_rx_available(rs_conn *c);
+int      rs_rx_ready(rs_conn *c);
+size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
+void     rs_rx_publish_credit(rs_conn *c, int force);
+
+/* rs_doorbell.c */
+uint64_t rs_now_ns(void);
+void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind);
+int      rs_rx_go_idle(rs_conn *c);
+int      rs_wait_fd(rs_conn *c, int timeout_ms);
+void     rs_relax(void);
+
+/* rs_shm.c */
+int      rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
+void    *rs_shm_map(int memfd, size_t *len_out, int *err);
+
+/* recv flags understood by rs_recv (values of the Linux MSG_* flags) */
+#define RS_MSG_PEEK     0x02
+#define RS_MSG_WAITALL  0x100
+#define RS_MSG_DONTWAIT 0x40
+
+#endif

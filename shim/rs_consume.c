@@ -1,0 +1,198 @@
+/* rs_consume.c - the receive path: validate records, copy out, re-zero, return credit.
+ *
+ * Every lenword read from the ring is checked against the ring's capacity before it is
+ * used to locate a footer or copy a byte; a record whose footer is non-zero but wrong is
+ * a corrupt frame.  Either is a sticky EPROTO for this connection, reported after the
+ * bytes that arrived intact before it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include "rs_conn.h"
+
+struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
+
+static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx_ring + (pos & c->mask)); }
+
+/* Looks at the record starting at cur->pos.  1: complete (*lw set), 0: not there yet,
+ * -1: corrupt (connection error set). */
+static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
+{
+    uint32_t off = (uint32_t)(cur->pos & c->mask);
+    uint32_t lw = __atomic_load_n(word_at(c, cur->pos), __ATOMIC_ACQUIRE);
+    if (lw == 0) return 0;
+    uint32_t rec;
+    if (lw >= RS_LEN_CTL_MIN) {
+        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: unknown control code 0x%08x at ring offset %u", lw, off);
+            return -1;
+        }
+        rec = 8;
+    } else {
+        if (lw > c->max_payload) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: bogus length %u at ring offset %u (max %u)", lw, off, c->max_payload);
+            return -1;
+        }
+        rec = rs_rec_size(lw);
+        if ((uint64_t)off + rec > c->ring_size) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: length %u at ring offset %u crosses the ring end", lw, off);
+            return -1;
+        }
+    }
+    uint32_t f = __atomic_load_n((uint32_t *)(c->rx_ring + off + rec - 4), __ATOMIC_ACQUIRE);
+    if (f == 0) return 0;                                   /* still being written */
+    if (f != rs_footer(c->salt, cur->seq, lw)) {
+        rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: bad footer 0x%08x at ring offset %u (record %llu)",
+                          f, off, (unsigned long long)cur->seq);
+        return -1;
+    }
+    *lw_out = lw;
+    return 1;
+}
+
+/* Returns the consumed ring bytes to the producer: every quarter ring, when the producer
+ * is blocked, or (force) before going idle. */
+void rs_rx_publish_credit(rs_conn *c, int force)
+{
+    struct rs_dir_ctl *k = c->rx_ctl;
+    uint64_t lag = c->rx_pos - c->rx_head_pub;
+    if (!lag && !force) return;
+    if (!force && lag < c->ring_size / 4 && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
+    if (lag) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_sfence();                 /* the re-zeroing is visible before the credit */
+#endif
+        __atomic_store_n(&k->head, c->rx_pos, __ATOMIC_RELEASE);
+        c->rx_head_pub = c->rx_pos;
+    }
+    rs_ring_bell(c, k, &k->credit_bells, RS_BELL_CREDIT);
+}
+
+/* Copies up to len payload bytes out of the ring.  With peek, nothing is consumed. */
+size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
+{
+    struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
+    size_t got = 0;
+    int fin = 0;
+    while (got < len || (!cur.cur_len && !peek)) {
+        if (!cur.cur_len) {
+            uint32_t lw;
+            if (c->fin_seen || check_record(c, &cur, &lw) <= 0) break;
+            uint32_t off = (uint32_t)(cur.pos & c->mask);
+            if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN) {
+                if (!peek) memset(c->rx_ring + off, 0, 8);
+                cur.pos += lw == RS_LEN_WRAP ? c->ring_size - off : 8;
+                cur.seq++;
+                if (lw == RS_LEN_FIN) { fin = 1; break; }
+                continue;
+            }
+            cur.cur_len = lw;
+            cur.cur_off = 0;
+            if (got == len) break;                /* only advanced over control records */
+        }
+        uint32_t off = (uint32_t)(cur.pos & c->mask);
+        size_t n = cur.cur_len - cur.cur_off;
+        if (n > len - got) n = len - got;
+        memcpy(dst + got, c->rx_ring + off + 4 + cur.cur_off, n);
+        got += n;
+        cur.cur_off += (uint32_t)n;
+        if (cur.cur_off == cur.cur_len) {
+            uint32_t rec = rs_rec_size(cur.cur_len);
+            if (!peek) { memset(c->rx_ring + off, 0, rec); c->stat_records_rx++; }
+            cur.pos += rec;
+            cur.seq++;
+            cur.cur_len = 0;
+        }
+    }
+    if (peek) return got;
+    c->rx_pos = cur.pos; c->rx_seq = cur.seq; c->rx_cur_len = cur.cur_len; c->rx_cur_off = cur.cur_off;
+    c->rx_bytes += got;
+    if (fin) c->fin_seen = 1;
+    rs_rx_publish_credit(c, 0);
+    return got;
+}
+
+/* 1 if recv would return without waiting: data, EOF, or an error to report. */
+int rs_rx_ready(rs_conn *c)
+{
+    if (c->rx_cur_len || c->fin_seen || c->err) return 1;
+    uint8_t dummy;
+    rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
+    if (c->rx_cur_len || c->fin_seen || c->err) return 1;
+    return 0;
+}
+
+/* Payload bytes receivable without waiting (FIONREAD). */
+ssize_t rs_rx_available(rs_conn *c)
+{
+    struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
+    uint64_t total = cur.cur_len - cur.cur_off;
+    if (cur.cur_len) { cur.pos += rs_rec_size(cur.cur_len); cur.seq++; }
+    for (uint64_t walked = 0; walked < c->ring_size && !c->fin_seen;) {
+        uint32_t lw;
+        if (check_record(c, &cur, &lw) <= 0) break;
+        uint32_t step = lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(cur.pos & c->mask) : rs_rec_size(lw);
+        if (lw == RS_LEN_FIN) break;
+        if (lw != RS_LEN_WRAP) total += lw;
+        cur.pos += step; cur.seq++; walked += step;
+    }
+    return (ssize_t)total;
+}
+
+/* Adaptive spin: a budget that halves when spinning found nothing and grows back when it
+ * did, so two processes sharing one CPU quickly stop burning each other's time slice. */
+static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns)
+{
+    if (!c->spin_ns) return 0;
+    struct rs_dir_ctl *k = c->rx_ctl;
+    __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);
+    __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint64_t end = rs_now_ns() + c->spin_cur;
+    if (deadline_ns && end > deadline_ns) end = deadline_ns;
+    int found = 0;
+    for (unsigned i = 0;; i++) {
+        if (rs_rx_ready(c)) { found = 1; break; }
+        if ((i & 63) == 63 && rs_now_ns() >= end) break;
+        rs_relax();
+    }
+    __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */
+    if (found) c->spin_cur = c->spin_cur * 2 > c->spin_ns ? c->spin_ns : c->spin_cur * 2;
+    else if (c->spin_cur > c->spin_ns / 64 + 500) c->spin_cur /= 2;
+    return found;
+}
+
+ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
+{
+    int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
+    int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
+    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    size_t got = 0;
+    if (len == 0 || c->shut_rd) return 0;
+    for (;;) {
+        got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
+        if (got == len || (got && !waitall)) return (ssize_t)got;
+        if (c->fin_seen) return (ssize_t)got;
+        if (c->err) return got ? (ssize_t)got : -c->err;
+        if (c->tcp_eof) {
+            /* The peer's process is gone.  Whatever it wrote before is in the ring. */
+            got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
+            if (got || c->fin_seen) return (ssize_t)got;
+            return -ECONNRESET;
+        }
+        if (!nonblock && spin_for_data(c, len - got, deadline)) continue;
+        if (rs_rx_go_idle(c)) continue;
+        if (c->tcp_eof || c->err) continue;
+        if (nonblock) return got ? (ssize_t)got : -EAGAIN;
+        int slice = 500;                        /* re-check now and then, whatever happens */
+        if (deadline) {
+            uint64_t now = rs_now_ns();
+            if (now >= deadline) return got ? (ssize_t)got : -EAGAIN;
+            uint64_t left = (deadline - now) / 1000000u + 1;
+            if (left < (uint64_t)slice) slice = (int)left;
+        }
+        int r = rs_wait_fd(c, slice);
+        if (r == -EINTR) return got ? (ssize_t)got : -EINTR;
+    }
+}

@@ -1,0 +1,108 @@
+/* rs_doorbell.c - readiness: when to ring the peer, how to go idle, how to sleep.
+ *
+ * The application's TCP socket stays the one descriptor anybody waits on.  A consumer that
+ * finds its ring empty sets want_bell and, from then on, the producer writes one doorbell
+ * byte on the TCP socket for the next record, so select/poll/epoll on the socket see it
+ * readable.  While a consumer busy-polls inside recv it publishes spin_limit: records up to
+ * that payload position are certain to be absorbed by that very call, so the producer
+ * skips the system call for them.  Invariant kept for every caller: whenever records are
+ * unconsumed and nobody is inside recv, at least one doorbell byte is pending.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <time.h>
+#include "rs_conn.h"
+#include "rs_sys.h"
+
+uint64_t rs_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* vDSO: no system call */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void rs_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+static void send_bell(rs_conn *c, uint8_t kind)
+{
+    long r = rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) c->tcp_eof = 1;
+    c->stat_bells_sent++;
+}
+
+/* Producer side: after publishing records, wake the consumer if it asked for it. */
+void rs_tx_flush_bell(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->tx_ctl;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
+    if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
+        c->tx_bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
+        return;                                         /* a spinning recv will absorb it */
+    if (!__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED)) return;   /* a bell is pending */
+    if (__atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+        send_bell(c, RS_BELL_DATA);
+    }
+}
+
+/* Consumer side: wake a producer blocked on a full ring (credit was just published). */
+void rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ctl->tx_waiting, __ATOMIC_RELAXED)) return;
+    if (__atomic_exchange_n(&ctl->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST);
+        send_bell(c, kind);
+    }
+}
+
+/* Reads up to `todo` doorbell bytes that were sent before the caller's snapshot. */
+static void drain_bells(rs_conn *c, uint64_t todo)
+{
+    uint8_t buf[256];
+    while (todo > 0 && !c->tcp_eof) {
+        long n = rs_sys_recv(c->fd, buf, todo < sizeof buf ? todo : sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
+        if (n < 0) break;                              /* EAGAIN: still in flight */
+        for (long i = 0; i < n; i++)
+            if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT)
+                rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
+        c->bells_drained += (uint64_t)n;
+        todo -= (uint64_t)n;
+    }
+}
+
+/* Called by a consumer that found its ring empty.  Returns 1 if a record is there after
+ * all (consume it, nothing was drained), 0 if the connection is idle: want_bell is set
+ * and every doorbell byte sent before that moment has been read off the socket. */
+int rs_rx_go_idle(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->rx_ctl;
+    rs_rx_publish_credit(c, 1);
+    __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
+    /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
+     * is guaranteed to see, so draining it cannot strand that record without a bell. */
+    uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_SEQ_CST) +
+                    __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_SEQ_CST);
+    if (rs_rx_ready(c)) return 1;
+    if (sent > c->bells_drained) drain_bells(c, sent - c->bells_drained);
+    return 0;
+}
+
+/* Sleeps until the TCP socket is readable (a doorbell, or EOF) or timeout_ms passes.
+ * Returns 1 woken, 0 timed out, -errno (EINTR). */
+int rs_wait_fd(rs_conn *c, int timeout_ms)
+{
+    struct pollfd p = { .fd = c->fd, .events = POLLIN | POLLRDHUP };
+    c->stat_sleeps++;
+    int r = rs_sys_poll(&p, 1, timeout_ms);
+    if (r > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))) c->tcp_eof = 1;
+    return r;
+}

@@ -1,0 +1,147 @@
+/* rs_produce.c - the send path: split a write into records and place them in the ring.
+ *
+ * While the ring has room this is memcpy plus a few stores: no allocation, no system call
+ * (a doorbell byte is written only if the consumer went idle and asked for one).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include "rs_conn.h"
+
+/* Orders the payload (possibly written with non-temporal stores by memcpy) before the
+ * footer that publishes it. */
+static inline void store_fence(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_sfence();
+#endif
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+/* Writes keep 8 bytes of the ring free for the FIN record, so close never has to wait. */
+static inline uint64_t tx_free(rs_conn *c)
+{
+    return (uint64_t)c->ring_size - 8 - (c->tx_pos - c->tx_head_seen);
+}
+
+static inline void refresh_credit(rs_conn *c)
+{
+    c->tx_head_seen = __atomic_load_n(&c->tx_ctl->head, __ATOMIC_ACQUIRE);
+}
+
+static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32_t n)
+{
+    uint32_t off = (uint32_t)(c->tx_pos & c->mask), rec = rs_rec_size(lenword);
+    uint8_t *p = c->tx_ring + off;
+    if (n) memcpy(p + 4, payload, n);
+    __atomic_store_n((uint32_t *)p, lenword, __ATOMIC_RELAXED);
+    store_fence();
+    __atomic_store_n((uint32_t *)(p + rec - 4), rs_footer(c->salt, c->tx_seq, lenword), __ATOMIC_RELEASE);
+    c->tx_pos += rec;
+    c->tx_seq++;
+    c->stat_records_tx++;
+}
+
+/* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */
+#define RS_KEEP_WHOLE 512u
+
+/* Blocks until `need` bytes of credit are free, the deadline passes or the peer is gone. */
+static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
+{
+    rs_tx_flush_bell(c);                        /* the consumer must know there is data */
+    uint64_t spin_end = rs_now_ns() + c->spin_ns;
+    unsigned backoff_us = 20;
+    for (;;) {
+        refresh_credit(c);
+        if (tx_free(c) >= need) return 0;
+        if (c->err) return -c->err;
+        if (c->tcp_eof) return -EPIPE;
+        uint64_t now = rs_now_ns();
+        if (deadline_ns && now >= deadline_ns) return -EAGAIN;
+        if (now < spin_end) { rs_relax(); continue; }
+        __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+        refresh_credit(c);
+        if (tx_free(c) >= need) return 0;
+        int slice = 50;
+        if (deadline_ns) {
+            uint64_t left_ms = (deadline_ns - now) / 1000000u + 1;
+            if (left_ms < (uint64_t)slice) slice = (int)left_ms;
+        }
+        if (rs_rx_go_idle(c)) {
+            /* Unread data of ours is pending, so its doorbell must stay on the socket and
+             * poll would not block: back off instead (both sides writing, nobody reading). */
+            struct timespec ts = { 0, (long)backoff_us * 1000 };
+            nanosleep(&ts, NULL);
+            if (backoff_us < 1000) backoff_us *= 2;
+        } else {
+            int r = rs_wait_fd(c, slice);
+            if (r == -EINTR) return -EINTR;
+        }
+    }
+}
+
+ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
+{
+    const uint8_t *src = buf;
+    size_t sent = 0;
+    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    if (timeout_ms == 0) nonblock = 1;
+    if (c->err) return -c->err;
+    if (c->fin_sent || c->tcp_eof) return -EPIPE;
+    while (sent < len) {
+        uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
+        uint32_t to_end = c->ring_size - (uint32_t)(c->tx_pos & c->mask);
+        int wrap = 0;
+        if (rs_rec_size(chunk) > to_end) {
+            if (chunk <= RS_KEEP_WHOLE || to_end < 64) wrap = 1;
+            else chunk = to_end - 8;
+        }
+        uint64_t need = (wrap ? to_end : 0) + rs_rec_size(chunk);
+        if (tx_free(c) < need) refresh_credit(c);
+        if (tx_free(c) < need && !wrap && chunk > RS_KEEP_WHOLE) {
+            /* Partial room: write what fits rather than wait for all of it. */
+            uint64_t room = tx_free(c);
+            if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = rs_rec_size(chunk); }
+        }
+        if (tx_free(c) < need) {
+            if (nonblock) break;
+            int r = wait_credit(c, need, deadline);
+            if (r < 0) {
+                if (sent) break;
+                return r;
+            }
+            continue;
+        }
+        if (wrap) {
+            put_record(c, RS_LEN_WRAP, NULL, 0);
+            c->tx_pos += to_end - 8;            /* the rest of the tail stays zero */
+        }
+        put_record(c, chunk, src + sent, chunk);
+        c->tx_bytes += chunk;
+        sent += chunk;
+    }
+    __atomic_store_n(&c->tx_ctl->tx_bytes, c->tx_bytes, __ATOMIC_RELAXED);
+    rs_tx_flush_bell(c);
+    if (sent == 0 && len > 0) return -EAGAIN;
+    return (ssize_t)sent;
+}
+
+/* Half-close: a FIN record after the last data byte.  Always fits (8 bytes reserved). */
+int rs_send_fin(rs_conn *c)
+{
+    if (c->fin_sent) return 0;
+    c->fin_sent = 1;
+    if (c->err) return -c->err;
+    put_record(c, RS_LEN_FIN, NULL, 0);
+    rs_tx_flush_bell(c);
+    return 0;
+}
+
+/* 1 if a write of at least one small record would not block. */
+int rs_tx_writable(rs_conn *c)
+{
+    if (c->err || c->fin_sent || c->tcp_eof) return 1;   /* the write reports the error */
+    refresh_credit(c);
+    return tx_free(c) >= 2u * RS_KEEP_WHOLE + 16;
+}

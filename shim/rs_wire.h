@@ -1,0 +1,87 @@
+/* rs_wire.h - the ring wire format shared by every transport (see docs/PROTOCOL.md).
+ *
+ * One ring per direction lives in the receiver's memory (for shm: in a segment both
+ * endpoints map).  The ring is a power-of-two byte array, zeroed at creation.  It holds
+ * 8-byte aligned records:
+ *
+ *     u32 lenword | payload[len] | zero padding | u32 footer        (total = align8(len + 8))
+ *
+ * lenword is the payload length (1 .. max_payload) or a control code (WRAP, FIN).  The
+ * footer is a non-zero 32-bit hash of (salt, record sequence number, lenword): a consumer
+ * treats a record as complete only when the footer word holds exactly that value, so
+ * zeroed memory, a half-written record, a stale record of an earlier lap and a record of
+ * another connection are all told apart from a complete one.
+ */
+#ifndef RS_WIRE_H
+#define RS_WIRE_H
+#include <stdint.h>
+#include <stddef.h>
+
+#define RS_PROTO_VERSION   1u
+#define RS_SEG_MAGIC       0x52534B31u          /* "RSK1" */
+#define RS_SEG_HDR_SIZE    4096u                /* segment header page, control blocks */
+#define RS_RING_MIN        4096u
+#define RS_RING_MAX        (1u << 30)
+
+#define RS_LEN_WRAP        0xFFFFFFFFu          /* skip to ring offset 0 */
+#define RS_LEN_FIN         0xFFFFFFFEu          /* sender shut down its direction: EOF after this */
+#define RS_LEN_CTL_MIN     0xFFFFFF00u          /* lenwords >= this are control codes */
+
+#define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */
+#define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
+
+/* Total ring bytes a record with this lenword occupies. */
+static inline uint32_t rs_rec_size(uint32_t lenword)
+{
+    if (lenword >= RS_LEN_CTL_MIN) return 8;
+    return (lenword + 8u + 7u) & ~7u;
+}
+
+/* Largest payload of one record: a quarter ring, so a record plus the worst-case wrap
+ * waste always fits in the space a lazily-published credit guarantees. */
+static inline uint32_t rs_max_payload(uint32_t ring_size) { return ring_size / 4u - 8u; }
+
+/* The validity footer.  Never 0 (0 is "not written yet"). */
+static inline uint32_t rs_footer(uint64_t salt, uint64_t seq, uint32_t lenword)
+{
+    uint64_t x = salt ^ (seq * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)lenword << 32) | lenword);
+    x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    uint32_t f = (uint32_t)x ^ (uint32_t)(x >> 32);
+    return f ? f : 0x5A5A5A5Au;
+}
+
+/* Control words of one direction.  In the shm transport they live in the segment header;
+ * each half is written by one side only and sits on its own cache lines. */
+struct rs_dir_ctl {
+    /* written by the consumer (receiver of this direction) */
+    uint64_t head;          /* ring bytes consumed and re-zeroed: the producer's credit */
+    uint64_t spin_limit;    /* payload position a spinning consumer is sure to absorb */
+    uint32_t spinning;      /* consumer busy-polls the ring: no doorbell needed up to spin_limit */
+    uint32_t want_bell;     /* consumer has no doorbell pending and wants one for new data */
+    uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
+    uint8_t  pad0[64 - 32];
+    /* written by the producer (sender of this direction) */
+    uint64_t tx_bytes;      /* payload bytes published into the ring so far */
+    uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */
+    uint32_t tx_waiting;    /* producer is blocked on a full ring, wants a credit doorbell */
+    uint32_t reserved;
+    uint8_t  pad1[64 - 24];
+};
+
+/* Header page of a shm segment: [hdr page][ring 0: client->server][ring 1: server->client] */
+struct rs_seg_hdr {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t ring_size;
+    uint32_t hdr_size;
+    uint64_t salt;
+    uint8_t  pad[64 - 24];
+    struct rs_dir_ctl dir[2];
+};
+
+#define RS_DIR_C2S 0
+#define RS_DIR_S2C 1
+
+#endif
