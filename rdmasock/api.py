@@ -16,8 +16,11 @@ from ._native import ffi, lib
 _base = _socket.socket
 _detached = {}         # fd -> state of an upgraded socket whose object was detach()ed
 
-_NONBLOCK_FLAGS = _socket.MSG_DONTWAIT
+_NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
 _RBUF_SIZE = 65536
+_EINTR = -errno.EINTR
+_rs_send, _rs_recv = lib.rs_send, lib.rs_recv     # bound once: the per-call path stays short
+_from_buffer, _unpack = ffi.from_buffer, ffi.unpack
 
 
 def _is_stream_inet(family, type_):
@@ -52,10 +55,19 @@ class socket(_base):
         self._rbuf = None
         self.transport = "tcp"
         self.fallback_reason = None
+        self._tmo = self._timeout_ms()
         if fileno is not None and fileno in _detached:
             self._conn, self.transport = _detached.pop(fileno)
 
     # ---- helpers -------------------------------------------------------------------
+
+    def settimeout(self, value):
+        _base.settimeout(self, value)
+        self._tmo = self._timeout_ms()
+
+    def setblocking(self, flag):
+        _base.setblocking(self, flag)
+        self._tmo = self._timeout_ms()
 
     def _timeout_ms(self):
         t = self.gettimeout()
@@ -276,20 +288,19 @@ class socket(_base):
                 return _base.recv(self, bufsize, flags)
             self._ready_for_io(False)
             return self.recv(bufsize, flags)
-        if bufsize < 0:
-            raise ValueError("negative buffersize in recv")
         if bufsize <= _RBUF_SIZE:
             buf = self._rbuf
             if buf is None:
                 buf = self._rbuf = ffi.new("char[]", _RBUF_SIZE)
+        elif bufsize < 0:
+            raise ValueError("negative buffersize in recv")
         else:
             buf = ffi.new("char[]", bufsize)
-        tmo = 0 if flags & _NONBLOCK_FLAGS else self._timeout_ms()
         while True:
-            r = lib.rs_recv(c, buf, bufsize, flags, tmo)
+            r = _rs_recv(c, buf, bufsize, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
-                return ffi.unpack(buf, r)
-            if r != -errno.EINTR:
+                return _unpack(buf, r)
+            if r != _EINTR:
                 self._fail(r)
 
     def recv_into(self, buffer, nbytes=0, flags=0):
@@ -299,16 +310,17 @@ class socket(_base):
                 return _base.recv_into(self, buffer, nbytes, flags)
             self._ready_for_io(False)
             return self.recv_into(buffer, nbytes, flags)
-        view = memoryview(buffer).cast("B")
-        if nbytes <= 0 or nbytes > len(view):
-            nbytes = len(view)
-        tmo = 0 if flags & _NONBLOCK_FLAGS else self._timeout_ms()
-        p = ffi.from_buffer(view, require_writable=True)
+        p = _from_buffer(buffer, require_writable=True)
+        size = len(p)
+        if 0 < nbytes < size:
+            size = nbytes
+        elif nbytes < 0:
+            raise ValueError("negative buffersize in recv_into")
         while True:
-            r = lib.rs_recv(c, p, nbytes, flags, tmo)
+            r = _rs_recv(c, p, size, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
                 return r
-            if r != -errno.EINTR:
+            if r != _EINTR:
                 self._fail(r)
 
     def recvfrom(self, bufsize, flags=0):
@@ -350,18 +362,28 @@ class socket(_base):
             return self.send(data, flags)
         if self._pending:
             self._flush_pending()
-        nonblock = 1 if flags & _NONBLOCK_FLAGS else 0
-        tmo = self._timeout_ms()
-        with ffi.from_buffer(data) as p:
-            while True:
-                r = lib.rs_send(c, p, len(p), nonblock, tmo)
-                if r >= 0:
-                    return r
-                if r != -errno.EINTR:
-                    self._fail(r)
+        p = _from_buffer(data)
+        while True:
+            r = _rs_send(c, p, len(p), 1 if flags & _NONBLOCK_FLAGS else 0, self._tmo)
+            if r >= 0:
+                return r
+            if r != _EINTR:
+                self._fail(r)
 
     def sendall(self, data, flags=0):
-        if self._conn is None and self._hs is None and self._broken is None:
+        c = self._conn
+        if c is not None and self._tmo < 0 and not self._pending and not flags & _NONBLOCK_FLAGS:
+            p = _from_buffer(data)          # blocking without timeout: one call sends it all
+            n = len(p)
+            while True:
+                r = _rs_send(c, p, n, 0, -1)
+                if r == n:
+                    return None
+                if r >= 0:
+                    p, n = p + r, n - r
+                elif r != _EINTR:
+                    self._fail(r)
+        if c is None and self._hs is None and self._broken is None:
             return _base.sendall(self, data, flags)
         view = memoryview(data).cast("B")
         deadline = self._deadline()

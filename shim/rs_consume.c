@@ -7,8 +7,11 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include "rs_conn.h"
+
+#define RS_PURE_SPIN_NS 2000u
 
 struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
 
@@ -150,10 +153,16 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     uint64_t end = rs_now_ns() + c->spin_cur;
     if (deadline_ns && end > deadline_ns) end = deadline_ns;
+    uint64_t yield_after = rs_now_ns() + RS_PURE_SPIN_NS;
     int found = 0;
     for (unsigned i = 0;; i++) {
         if (rs_rx_ready(c)) { found = 1; break; }
-        if ((i & 63) == 63 && rs_now_ns() >= end) break;
+        if ((i & 63) == 63) {
+            uint64_t now = rs_now_ns();
+            if (now >= end) break;
+            /* The peer may share our CPU: after a short pure spin, hand it the CPU. */
+            if (now >= yield_after) sched_yield();
+        }
         rs_relax();
     }
     __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
