@@ -1,0 +1,1466 @@
+/* test_ring.c - unit tests of the shared-memory ring data path (shim/).
+ *
+ * Built by tests/test_ring_c.py together with the shim/ sources, once under ASan/UBSan and once
+ * with -O2.  Every test builds its own connection pair: one memfd segment (rs_shm_create)
+ * mapped twice (rs_shm_map), attached as server and client, with a connected AF_UNIX
+ * socketpair standing in for the TCP socket that carries doorbell bytes.
+ *
+ * usage: test_ring [-l] [-x NAME]... [NAME]...
+ *   no NAME: run every test; -x NAME: skip that test; -l: list the tests.
+ * Each test prints "ok NAME"; a failed check prints "FAIL NAME (file:line): ..." and aborts.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rs_conn.h"
+
+/* ---- checks ------------------------------------------------------------------------ */
+
+static const char *volatile cur_test = "(none)";
+
+#define FAIL_AT(what, ...)                                                            \
+    do {                                                                              \
+        fprintf(stderr, "FAIL %s (%s:%d): %s", cur_test, __FILE__, __LINE__, what);   \
+        fprintf(stderr, __VA_ARGS__);                                                 \
+        fputc('\n', stderr);                                                          \
+        fflush(NULL);                                                                 \
+        abort();                                                                      \
+    } while (0)
+
+#define FAIL(...) FAIL_AT("", __VA_ARGS__)
+
+#define CHECK(cond, ...)                                                              \
+    do {                                                                              \
+        if (!(cond)) FAIL_AT("CHECK(" #cond ") failed: ", __VA_ARGS__);               \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                                \
+    do {                                                                              \
+        long long a_ = (long long)(a), b_ = (long long)(b);                          \
+        if (a_ != b_) FAIL_AT("CHECK_EQ(" #a ", " #b ") failed: ", "%lld != %lld", a_, b_); \
+    } while (0)
+
+/* the message of a connection's sticky error must contain `word` */
+#define CHECK_MSG(c, word)                                                            \
+    do {                                                                              \
+        const char *m_ = rs_conn_errmsg(c);                                           \
+        if (!strstr(m_, (word)))                                                      \
+            FAIL("error message \"%s\" does not mention \"%s\"", m_, (word));          \
+    } while (0)
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char pre[] = "FAIL: watchdog: test took too long: ";
+    const char *t = cur_test;
+    if (write(2, pre, sizeof pre - 1) < 0 || write(2, t, strlen(t)) < 0 || write(2, "\n", 1) < 0) {}
+    abort();
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
+
+/* ---- deterministic data ------------------------------------------------------------ */
+
+struct rng { uint64_t s; };
+
+static uint64_t rnd(struct rng *r)
+{
+    r->s ^= r->s >> 12; r->s ^= r->s << 25; r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t rnd_range(struct rng *r, uint64_t lo, uint64_t hi)   /* inclusive */
+{
+    return lo + rnd(r) % (hi - lo + 1);
+}
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Byte `i` of stream `s`: a pseudo-random function of the absolute stream position, so a
+ * lost, repeated or reordered byte shows up at the exact position where it happens. */
+static inline uint8_t pat(uint32_t s, uint64_t i)
+{
+    return (uint8_t)(mix64(((uint64_t)s << 48) ^ (i >> 3) ^ 0x5bd1e995ull) >> ((i & 7) * 8));
+}
+
+static void fill_pat(uint8_t *b, uint32_t s, uint64_t pos, size_t n)
+{
+    for (size_t i = 0; i < n; i++) b[i] = pat(s, pos + i);
+}
+
+#define VERIFY_PAT(b, s, pos, n)                                                      \
+    do {                                                                              \
+        const uint8_t *vb_ = (const uint8_t *)(b);                                    \
+        uint64_t vp_ = (pos);                                                         \
+        size_t vn_ = (n);                                                             \
+        for (size_t vi_ = 0; vi_ < vn_; vi_++)                                        \
+            if (vb_[vi_] != pat((s), vp_ + vi_))                                      \
+                FAIL("stream %u: byte at stream offset %llu is 0x%02x, expected 0x%02x " \
+                     "(recv chunk of %zu bytes starting at %llu)", (unsigned)(s),       \
+                     (unsigned long long)(vp_ + vi_), vb_[vi_], pat((s), vp_ + vi_), vn_, \
+                     (unsigned long long)vp_);                                        \
+    } while (0)
+
+static uint64_t fnv(uint64_t h, const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001B3ull; }
+    return h;
+}
+#define FNV_INIT 0xCBF29CE484222325ull
+
+/* ---- connection pairs -------------------------------------------------------------- */
+
+struct pair {
+    rs_conn *srv, *cli;      /* srv consumes ring 0 (client->server), cli ring 1 */
+    int fd[2];               /* fd[0]: the server's "TCP socket", fd[1]: the client's */
+    void *heap;              /* heap-backed segment (see pair_open_heap), else NULL */
+    uint32_t ring;
+};
+
+static uint64_t salt_counter = 0x243F6A8885A308D3ull;
+
+static void pair_sockets(struct pair *p)
+{
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p->fd) == 0, "socketpair: %s", strerror(errno));
+}
+
+/* The real thing: one memfd segment, mapped twice (as two processes would). */
+static void pair_open(struct pair *p, uint32_t ring, uint32_t spin_ns)
+{
+    memset(p, 0, sizeof *p);
+    p->ring = ring;
+    size_t len = 0, l1 = 0, l2 = 0;
+    int memfd = rs_shm_create(ring, salt_counter++ * 0x9E3779B97F4A7C15ull, &len);
+    CHECK(memfd >= 0, "rs_shm_create: %s", strerror(-memfd));
+    int e1, e2;
+    void *b1 = rs_shm_map(memfd, &l1, &e1), *b2 = rs_shm_map(memfd, &l2, &e2);
+    CHECK(b1 && b2, "rs_shm_map: %s / %s", strerror(e1), strerror(e2));
+    CHECK(b1 != b2, "two mappings expected");
+    CHECK_EQ(l1, len);
+    CHECK_EQ(l2, len);
+    close(memfd);
+    pair_sockets(p);
+    p->srv = rs_conn_attach_shm(b1, l1, p->fd[0], 1, spin_ns);
+    p->cli = rs_conn_attach_shm(b2, l2, p->fd[1], 0, spin_ns);
+    CHECK(p->srv && p->cli, "rs_conn_attach_shm");
+    CHECK_EQ(p->srv->ring_size, ring);
+    CHECK_EQ(p->srv->max_payload, ring / 4 - 8);
+}
+
+/* The same layout in one malloc'd block that both sides share, so that AddressSanitizer's
+ * redzone sits right behind ring 1 (the client's receive ring): any read or write past the
+ * end of that ring is reported. */
+static void pair_open_heap(struct pair *p, uint32_t ring, uint32_t spin_ns)
+{
+    memset(p, 0, sizeof *p);
+    p->ring = ring;
+    size_t len = RS_SEG_HDR_SIZE + 2 * (size_t)ring;
+    p->heap = aligned_alloc(4096, len);
+    CHECK(p->heap, "aligned_alloc");
+    memset(p->heap, 0, len);
+    struct rs_seg_hdr *h = p->heap;
+    h->magic = RS_SEG_MAGIC;
+    h->version = RS_PROTO_VERSION;
+    h->ring_size = ring;
+    h->hdr_size = RS_SEG_HDR_SIZE;
+    h->salt = salt_counter++ * 0x9E3779B97F4A7C15ull;
+    h->dir[0].want_bell = h->dir[1].want_bell = 1;
+    pair_sockets(p);
+    p->srv = rs_conn_attach_shm(p->heap, len, p->fd[0], 1, spin_ns);
+    p->cli = rs_conn_attach_shm(p->heap, len, p->fd[1], 0, spin_ns);
+    CHECK(p->srv && p->cli, "rs_conn_attach_shm");
+    p->srv->map_base = p->cli->map_base = NULL;       /* not a mapping: do not munmap */
+}
+
+static void close_fd(struct pair *p, int i)
+{
+    if (p->fd[i] >= 0) close(p->fd[i]);
+    p->fd[i] = -1;
+}
+
+static void pair_close(struct pair *p)
+{
+    rs_conn_free(p->srv);
+    rs_conn_free(p->cli);
+    free(p->heap);
+    close_fd(p, 0);
+    close_fd(p, 1);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+static void send_all_nb(rs_conn *c, const void *b, size_t n)
+{
+    ssize_t r = rs_send(c, b, n, 1, 0);
+    CHECK(r == (ssize_t)n, "nonblocking rs_send of %zu bytes returned %zd (%s)", n, r,
+          r < 0 ? strerror((int)-r) : "short");
+}
+
+static void send_str(rs_conn *c, const char *s) { send_all_nb(c, s, strlen(s)); }
+
+static void recv_exact(rs_conn *c, void *b, size_t n, int timeout_ms)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = rs_recv(c, (uint8_t *)b + got, n - got, 0, timeout_ms);
+        CHECK(r > 0, "rs_recv returned %zd (%s) after %zu of %zu bytes; errmsg \"%s\"", r,
+              r < 0 ? strerror((int)-r) : "EOF", got, n, rs_conn_errmsg(c));
+        got += (size_t)r;
+    }
+}
+
+static void expect_str(rs_conn *c, const char *s)
+{
+    size_t n = strlen(s);
+    char buf[512];
+    CHECK(n < sizeof buf, "string too long");
+    recv_exact(c, buf, n, 1000);
+    buf[n] = 0;
+    CHECK(memcmp(buf, s, n) == 0, "received \"%s\", expected \"%s\"", buf, s);
+}
+
+static void expect_recv_rc(rs_conn *c, ssize_t want, int flags, int timeout_ms)
+{
+    uint8_t buf[64];
+    ssize_t r = rs_recv(c, buf, sizeof buf, flags, timeout_ms);
+    CHECK(r == want, "rs_recv returned %zd, expected %zd; errmsg \"%s\"", r, want, rs_conn_errmsg(c));
+}
+
+static int ring_is_zero(const uint8_t *ring, uint32_t n, uint32_t *first_nz)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ring[i]) { *first_nz = i; return 0; }
+    return 1;
+}
+
+#define CHECK_RING_ZERO(c)                                                            \
+    do {                                                                              \
+        uint32_t nz_ = 0;                                                             \
+        if (!ring_is_zero((c)->rx_ring, (c)->ring_size, &nz_))                         \
+            FAIL("receive ring not zero after everything was consumed: byte at offset %u is 0x%02x " \
+                 "(rx_pos %llu)", nz_, (c)->rx_ring[nz_], (unsigned long long)(c)->rx_pos); \
+    } while (0)
+
+static uint64_t head_of(rs_conn *consumer) { return __atomic_load_n(&consumer->rx_ctl->head, __ATOMIC_ACQUIRE); }
+
+/* Fills the ring `c` sends into with `msg`-byte writes (stream `stream`, next byte at
+ * *pos) until a nonblocking send fails with EAGAIN; returns the number of writes that
+ * went in (whole or, for large writes, in part). */
+static int fill_ring(rs_conn *c, size_t msg, uint32_t stream, uint64_t *pos)
+{
+    uint8_t buf[4096];
+    CHECK(msg <= sizeof buf, "msg too large");
+    for (int k = 0;; k++) {
+        fill_pat(buf, stream, *pos, msg);
+        ssize_t r = rs_send(c, buf, msg, 1, 0);
+        if (r == -EAGAIN) return k;
+        CHECK(r > 0 && (r == (ssize_t)msg || msg > 512), "rs_send(%zu) returned %zd while filling", msg, r);
+        *pos += (uint64_t)r;
+        CHECK(k < 1000000, "ring never fills");
+    }
+}
+
+/* Sends records (stream `stream`, next byte at *pos) until the producer's tx_pos is
+ * `target`, which must lie within the free space. */
+static void advance_to(rs_conn *c, uint64_t target, uint32_t stream, uint64_t *pos)
+{
+    uint8_t buf[4096];
+    while (c->tx_pos < target) {
+        uint64_t rem = target - c->tx_pos;
+        CHECK(rem >= 16 && rem % 8 == 0, "cannot advance by %llu", (unsigned long long)rem);
+        size_t n = (size_t)rem - 8;
+        if (n > c->max_payload) {
+            n = c->max_payload;
+            if (rem - (n + 8) == 8) n -= 8;             /* never leave a gap of 8 */
+        }
+        CHECK(n <= sizeof buf, "ring too large for advance_to");
+        fill_pat(buf, stream, *pos, n);
+        send_all_nb(c, buf, n);
+        *pos += n;
+    }
+    CHECK_EQ(c->tx_pos, target);
+}
+
+/* ---- 1. basic ---------------------------------------------------------------------- */
+
+static void t_basic(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    size_t l;
+    CHECK_EQ(rs_shm_create(1000, 1, &l), -EINVAL);
+
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    send_str(p.cli, "hello");
+    expect_str(p.srv, "hello");
+    send_str(p.srv, "world!");
+    expect_str(p.cli, "world!");
+    expect_recv_rc(p.srv, -EAGAIN, 0, 0);
+    expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);
+
+    /* every length 1..64, every byte value, several records read in one call */
+    uint8_t out[64], in[64 * 65 / 2 + 16];
+    size_t total = 0;
+    uint64_t rec0 = p.cli->stat_records_tx;
+    for (int n = 1; n <= 64; n++) {
+        for (int i = 0; i < n; i++) out[i] = (uint8_t)(n * 37 + i * 251);
+        send_all_nb(p.cli, out, (size_t)n);
+        total += (size_t)n;
+    }
+    CHECK_EQ(p.cli->stat_records_tx - rec0, 64);
+    ssize_t r = rs_recv(p.srv, in, sizeof in, 0, 1000);
+    CHECK_EQ(r, total);
+    size_t o = 0;
+    for (int n = 1; n <= 64; n++)
+        for (int i = 0; i < n; i++, o++)
+            CHECK(in[o] == (uint8_t)(n * 37 + i * 251), "byte %zu of message %d differs", o, n);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+
+    /* all 256 byte values, including ones that look like control words */
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++) all[i] = (uint8_t)(255 - i);
+    uint32_t ctl = RS_LEN_WRAP;
+    memcpy(all, &ctl, 4);
+    send_all_nb(p.srv, all, sizeof all);
+    uint8_t back[256];
+    recv_exact(p.cli, back, sizeof back, 1000);
+    CHECK(memcmp(all, back, sizeof all) == 0, "256-byte message differs");
+
+    CHECK_EQ(p.cli->tx_bytes, total + 6 - 1);        /* "hello" + 1..64 */
+    CHECK_EQ(p.srv->rx_bytes, total + 5);
+    CHECK_EQ(p.cli->err, 0);
+    CHECK_EQ(p.srv->err, 0);
+    pair_close(&p);
+}
+
+/* ---- 2. wrap-around ---------------------------------------------------------------- */
+
+struct producer {
+    rs_conn *c;
+    uint32_t stream;
+    uint64_t total, seed;
+    size_t min_write, max_write;
+    int single;              /* one rs_send of `total` bytes (split test) */
+    uint64_t cks, laps, writes;
+};
+
+static void *producer_run(void *arg)
+{
+    struct producer *a = arg;
+    rs_conn *c = a->c;
+    struct rng r = { a->seed };
+    size_t cap = a->single ? a->total : a->max_write;
+    uint8_t *buf = malloc(cap);
+    CHECK(buf, "malloc");
+    uint64_t pos = 0;
+    a->cks = FNV_INIT;
+    while (pos < a->total) {
+        size_t n = a->single ? a->total : (size_t)rnd_range(&r, a->min_write, a->max_write);
+        if (n > a->total - pos) n = a->total - pos;
+        fill_pat(buf, a->stream, pos, n);
+        uint64_t lap0 = c->tx_pos / c->ring_size;
+        ssize_t s = rs_send(c, buf, n, 0, 20000);
+        CHECK(s == (ssize_t)n, "blocking rs_send of %zu bytes at stream offset %llu returned %zd; errmsg \"%s\"",
+              n, (unsigned long long)pos, s, rs_conn_errmsg(c));
+        a->laps += c->tx_pos / c->ring_size - lap0;
+        a->cks = fnv(a->cks, buf, n);
+        pos += n;
+        a->writes++;
+    }
+    CHECK_EQ(rs_send_fin(c), 0);
+    free(buf);
+    return NULL;
+}
+
+/* Producer thread writes `total` bytes into `p.srv`'s ring; the main thread reads them
+ * with recv buffers of random sizes, checking every byte and the running checksum. */
+static void stream_through(struct pair *p, struct producer *a, size_t max_read, uint64_t seed)
+{
+    pthread_t th;
+    a->c = p->srv;
+    CHECK(pthread_create(&th, NULL, producer_run, a) == 0, "pthread_create");
+    struct rng r = { seed };
+    uint8_t *buf = malloc(max_read);
+    uint64_t got = 0, cks = FNV_INIT;
+    while (got < a->total) {
+        size_t n = (size_t)rnd_range(&r, 1, max_read);
+        ssize_t k = rs_recv(p->cli, buf, n, 0, 20000);
+        CHECK(k > 0 && (size_t)k <= n, "rs_recv(%zu) returned %zd after %llu of %llu bytes; errmsg \"%s\"",
+              n, k, (unsigned long long)got, (unsigned long long)a->total, rs_conn_errmsg(p->cli));
+        VERIFY_PAT(buf, a->stream, got, (size_t)k);
+        cks = fnv(cks, buf, (size_t)k);
+        got += (uint64_t)k;
+    }
+    expect_recv_rc(p->cli, 0, 0, 20000);                /* the FIN */
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(cks == a->cks, "stream checksum %016llx != producer's %016llx", (unsigned long long)cks,
+          (unsigned long long)a->cks);
+    CHECK_EQ(p->cli->rx_bytes, a->total);
+    CHECK_EQ(p->srv->tx_bytes, a->total);
+    CHECK_RING_ZERO(p->cli);
+    free(buf);
+}
+
+static void t_wrap(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 20000);
+    struct producer a = { .stream = 2, .total = 6u << 20, .seed = 12345, .min_write = 1, .max_write = 5000 };
+    stream_through(&p, &a, 6000, 777);
+    /* stat_records_tx counts every record: data, WRAP and the FIN; stat_records_rx data only */
+    uint64_t wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1;
+    printf("  wrap: %llu bytes in %llu writes, %llu data records, %llu WRAP records, %llu laps\n",
+           (unsigned long long)a.total, (unsigned long long)a.writes, (unsigned long long)p.cli->stat_records_rx,
+           (unsigned long long)wraps, (unsigned long long)a.laps);
+    CHECK(wraps > 100, "expected many WRAP records, counted %llu", (unsigned long long)wraps);
+    CHECK(a.laps >= a.total / 4096 - 1, "the ring was lapped only %llu times", (unsigned long long)a.laps);
+    pair_close(&p);
+
+    /* small writes only: mostly whole records, so nearly every lap ends in a WRAP */
+    pair_open(&p, 4096, 0);
+    struct producer b = { .stream = 3, .total = 1u << 20, .seed = 99, .min_write = 1, .max_write = 600 };
+    stream_through(&p, &b, 700, 778);
+    wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1;
+    CHECK(wraps > b.laps / 2, "%llu WRAP records in %llu laps", (unsigned long long)wraps, (unsigned long long)b.laps);
+    pair_close(&p);
+}
+
+/* Both directions at once: each thread owns one end and interleaves nonblocking writes and
+ * reads, waiting (blocking send or recv with a short timeout) only when neither moved. */
+struct duplex {
+    rs_conn *c;
+    uint32_t out_stream, in_stream;
+    uint64_t total, seed;
+    uint64_t cks_out, cks_in, waits;
+};
+
+static void *duplex_run(void *arg)
+{
+    struct duplex *d = arg;
+    rs_conn *c = d->c;
+    struct rng r = { d->seed };
+    uint8_t *obuf = malloc(5000), *ibuf = malloc(6000);
+    uint64_t sent = 0, rcvd = 0, chunk_pos = 0;
+    size_t chunk_n = 0;
+    int eof = 0;
+    d->cks_out = d->cks_in = FNV_INIT;
+    while (sent < d->total || !eof) {
+        int progress = 0;
+        for (int phase = 0; phase < 3; phase++) {
+            /* phase 0: nonblocking send, 1: nonblocking recv, 2: wait in one of them */
+            int do_send, block = phase == 2;
+            if (phase == 2) {
+                if (progress) break;
+                d->waits++;
+                if (sent == d->total) do_send = 0;
+                else if (eof) do_send = 1;
+                else do_send = (int)(rnd(&r) & 1);
+            } else {
+                do_send = phase == 0;
+            }
+            if (do_send && sent < d->total) {
+                if (chunk_pos + chunk_n == sent) {        /* previous chunk fully sent */
+                    chunk_pos = sent;
+                    chunk_n = (size_t)rnd_range(&r, 1, 5000);
+                    if (chunk_n > d->total - sent) chunk_n = d->total - sent;
+                    fill_pat(obuf, d->out_stream, chunk_pos, chunk_n);
+                }
+                size_t off = (size_t)(sent - chunk_pos);
+                ssize_t k = rs_send(c, obuf + off, chunk_n - off, !block, block ? 5 : 0);
+                if (k > 0) {
+                    CHECK((size_t)k <= chunk_n - off, "rs_send overshoot");
+                    d->cks_out = fnv(d->cks_out, obuf + off, (size_t)k);
+                    sent += (uint64_t)k;
+                    progress = 1;
+                    if (sent == d->total) CHECK_EQ(rs_send_fin(c), 0);
+                } else {
+                    CHECK(k == -EAGAIN, "rs_send returned %zd; errmsg \"%s\"", k, rs_conn_errmsg(c));
+                }
+            } else if (!do_send && !eof) {
+                size_t n = (size_t)rnd_range(&r, 1, 6000);
+                ssize_t k = rs_recv(c, ibuf, n, block ? 0 : RS_MSG_DONTWAIT, block ? 5 : 0);
+                if (k > 0) {
+                    VERIFY_PAT(ibuf, d->in_stream, rcvd, (size_t)k);
+                    d->cks_in = fnv(d->cks_in, ibuf, (size_t)k);
+                    rcvd += (uint64_t)k;
+                    progress = 1;
+                } else if (k == 0) {
+                    CHECK(rcvd == d->total, "EOF after %llu of %llu bytes", (unsigned long long)rcvd,
+                          (unsigned long long)d->total);
+                    eof = 1;
+                    progress = 1;
+                } else {
+                    CHECK(k == -EAGAIN, "rs_recv returned %zd; errmsg \"%s\"", k, rs_conn_errmsg(c));
+                }
+            }
+        }
+    }
+    free(obuf);
+    free(ibuf);
+    return NULL;
+}
+
+static void t_wrap_duplex(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 20000);
+    struct duplex ds = { .c = p.srv, .out_stream = 10, .in_stream = 11, .total = 3u << 20, .seed = 5 };
+    struct duplex dc = { .c = p.cli, .out_stream = 11, .in_stream = 10, .total = 3u << 20, .seed = 6 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, duplex_run, &ds) == 0, "pthread_create");
+    duplex_run(&dc);
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(ds.cks_out == dc.cks_in && dc.cks_out == ds.cks_in, "duplex checksums differ");
+    uint64_t wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1 + p.cli->stat_records_tx - p.srv->stat_records_rx - 1;
+    printf("  duplex: 2 x %llu bytes, %llu WRAP records, waits %llu/%llu, bells %llu/%llu, sleeps %llu/%llu\n",
+           (unsigned long long)ds.total, (unsigned long long)wraps, (unsigned long long)ds.waits,
+           (unsigned long long)dc.waits, (unsigned long long)p.srv->stat_bells_sent,
+           (unsigned long long)p.cli->stat_bells_sent, (unsigned long long)p.srv->stat_sleeps,
+           (unsigned long long)p.cli->stat_sleeps);
+    CHECK(wraps > 0, "no WRAP records");
+    CHECK_RING_ZERO(p.srv);
+    CHECK_RING_ZERO(p.cli);
+    CHECK_EQ(p.srv->err, 0);
+    CHECK_EQ(p.cli->err, 0);
+    pair_close(&p);
+}
+
+/* ---- 3. split ---------------------------------------------------------------------- */
+
+static void t_split(void)
+{
+    struct pair p;
+    /* single-threaded: 3000 bytes into an empty 4096-byte ring = 1016 + 1016 + 968 */
+    pair_open(&p, 4096, 0);
+    uint8_t out[3000], in[3000];
+    fill_pat(out, 20, 0, sizeof out);
+    uint64_t rec0 = p.cli->stat_records_tx;
+    send_all_nb(p.cli, out, sizeof out);
+    CHECK_EQ(p.cli->stat_records_tx - rec0, 3);
+    ssize_t r = rs_recv(p.srv, in, sizeof in, 0, 1000);       /* one call spans all records */
+    CHECK_EQ(r, sizeof in);
+    VERIFY_PAT(in, 20, 0, sizeof in);
+    CHECK_EQ(p.srv->stat_records_rx, 3);
+    pair_close(&p);
+
+    /* one large write per ring size, read with random buffer sizes by the other thread */
+    static const uint32_t rings[] = { 4096, 65536 };
+    for (unsigned i = 0; i < sizeof rings / sizeof rings[0]; i++) {
+        pair_open(&p, rings[i], 20000);
+        struct producer a = { .stream = 21 + i, .total = 64u * rings[i] + 12345, .seed = 1, .single = 1 };
+        stream_through(&p, &a, 3 * p.srv->max_payload, 4242 + i);
+        uint64_t min_records = (a.total + p.srv->max_payload - 1) / p.srv->max_payload;
+        CHECK(p.cli->stat_records_rx >= min_records, "%llu bytes arrived in only %llu records (max payload %u)",
+              (unsigned long long)a.total, (unsigned long long)p.cli->stat_records_rx, p.srv->max_payload);
+        CHECK_EQ(a.writes, 1);
+        pair_close(&p);
+    }
+}
+
+/* ---- 4. footer validation ---------------------------------------------------------- */
+
+static void t_footer(void)
+{
+    struct pair p;
+    uint8_t a[100], b[200], c[50], in[1000];
+    fill_pat(a, 30, 0, sizeof a);
+    fill_pat(b, 30, 100, sizeof b);
+    fill_pat(c, 30, 300, sizeof c);
+
+    for (int variant = 0; variant < 2; variant++) {
+        pair_open(&p, 4096, 0);
+        if (variant) {                                  /* start somewhere in the middle */
+            uint8_t pad[2504];
+            fill_pat(pad, 31, 0, sizeof pad);
+            send_all_nb(p.cli, pad, sizeof pad);
+            recv_exact(p.srv, pad, sizeof pad, 1000);
+        }
+        send_all_nb(p.cli, a, sizeof a);
+        send_all_nb(p.cli, b, sizeof b);
+        uint64_t pos_c = p.cli->tx_pos;
+        send_all_nb(p.cli, c, sizeof c);
+        /* flip one bit of record c's footer, through the producer's own mapping */
+        uint32_t *foot = (uint32_t *)(p.cli->tx_ring + (pos_c & p.cli->mask) + rs_rec_size(sizeof c) - 4);
+        uint32_t good = *foot;
+        CHECK(good != 0, "footer not written");
+        *foot = good ^ (good & 0x100 ? 0x1 : 0x100);     /* stays non-zero */
+        /* earlier intact records first: partially, then the rest */
+        ssize_t r = rs_recv(p.srv, in, 50, 0, 1000);
+        CHECK_EQ(r, 50);
+        VERIFY_PAT(in, 30, 0, 50);
+        r = rs_recv(p.srv, in, sizeof in, 0, 1000);
+        CHECK(r == 250, "rs_recv returned %zd, expected the 250 intact bytes; errmsg \"%s\"", r, rs_conn_errmsg(p.srv));
+        VERIFY_PAT(in, 30, 50, 250);
+        r = rs_recv(p.srv, in, sizeof in, 0, 1000);
+        CHECK(r == -EPROTO, "rs_recv returned %zd, expected -EPROTO for the corrupt footer", r);
+        CHECK_MSG(p.srv, "footer");
+        /* sticky; blocking and nonblocking alike, no waiting */
+        double t0 = now_ms();
+        expect_recv_rc(p.srv, -EPROTO, 0, 2000);
+        CHECK(now_ms() - t0 < 500, "error not reported at once");
+        expect_recv_rc(p.srv, -EPROTO, RS_MSG_PEEK, 0);
+        CHECK_EQ(p.srv->rx_bytes, 300 + (variant ? 2504 : 0));
+        pair_close(&p);
+    }
+
+    /* the very first record corrupt: nothing delivered */
+    pair_open(&p, 4096, 0);
+    send_all_nb(p.cli, a, sizeof a);
+    uint32_t *foot = (uint32_t *)(p.srv->rx_ring + rs_rec_size(sizeof a) - 4);
+    *foot ^= 0x80000000u;
+    expect_recv_rc(p.srv, -EPROTO, 0, 1000);
+    CHECK_MSG(p.srv, "footer");
+    pair_close(&p);
+
+    /* a footer of a different connection (other salt) is rejected as well */
+    struct pair q;
+    pair_open(&p, 4096, 0);
+    pair_open(&q, 4096, 0);
+    send_all_nb(p.cli, a, sizeof a);
+    send_all_nb(q.cli, a, sizeof a);
+    memcpy(p.srv->rx_ring, q.srv->rx_ring, rs_rec_size(sizeof a));
+    expect_recv_rc(p.srv, -EPROTO, 0, 1000);
+    CHECK_MSG(p.srv, "footer");
+    pair_close(&q);
+    pair_close(&p);
+}
+
+/* ---- 5. bogus length --------------------------------------------------------------- */
+
+enum bogus_kind { BOGUS_TOO_LONG, BOGUS_CROSSES_END, BOGUS_CTL };
+
+/* Writes a bad lenword at the read position of the client's receive ring (ring 1, the
+ * last one in the segment) after some valid traffic and one intact record. */
+static void bogus_case(int heap, enum bogus_kind kind, uint32_t lw, int blocking)
+{
+    struct pair p;
+    if (heap) pair_open_heap(&p, 4096, 0);
+    else pair_open(&p, 4096, 0);
+    rs_conn *prod = p.srv, *cons = p.cli;
+    uint32_t ring = p.ring;
+    uint8_t buf[4096];
+
+    /* move the positions: for the crossing case so that the bad record starts 24 bytes
+     * before the ring end, elsewhere to an arbitrary point */
+#define INTACT "intact-record-before-the-bad-one"
+    uint32_t target = kind == BOGUS_CROSSES_END ? ring - 24 - rs_rec_size(sizeof INTACT - 1) : 1000;
+    uint64_t pos = 0;
+    advance_to(prod, target, 40, &pos);
+    recv_exact(cons, buf, (size_t)pos, 1000);
+    VERIFY_PAT(buf, 40, 0, (size_t)pos);
+    /* one intact record that must be delivered before the error */
+    send_str(prod, INTACT);
+    uint64_t bad_pos = prod->tx_pos;
+    uint32_t off = (uint32_t)(bad_pos & (ring - 1));
+    if (kind == BOGUS_CROSSES_END) CHECK_EQ(off, ring - 24);
+    /* the bad lenword, then non-zero junk after it: a "footer" candidate for every reading */
+    uint8_t *rp = cons->rx_ring;
+    for (uint32_t i = off + 4; i < ring && i < off + 4 + 256; i++) rp[i] = (uint8_t)(0xA5 ^ i);
+    rp[ring - 1] = 0x5A;                               /* the last word of the ring too */
+    __atomic_store_n((uint32_t *)(rp + off), lw, __ATOMIC_RELEASE);
+
+    char got[200];
+    ssize_t r = rs_recv(cons, got, sizeof got, 0, 1000);
+    CHECK(r == (ssize_t)sizeof INTACT - 1, "intact record first: rs_recv returned %zd; errmsg \"%s\"", r,
+          rs_conn_errmsg(cons));
+    CHECK(memcmp(got, INTACT, sizeof INTACT - 1) == 0, "intact record differs");
+
+    if (heap) {
+        /* the other readers of the ring must not overrun either (ASan watches); the value
+         * rs_rx_available returns is checked by the rx_available test */
+        (void)rs_rx_available(cons);
+        CHECK(cons->err == EPROTO, "rs_rx_available did not notice the bad record");
+        CHECK_EQ(rs_rx_ready(cons), 1);                      /* an error to report */
+    }
+    double t0 = now_ms();
+    r = rs_recv(cons, got, sizeof got, blocking ? 0 : RS_MSG_DONTWAIT, blocking ? 2000 : 0);
+    CHECK(r == -EPROTO, "bad lenword 0x%08x at offset %u: rs_recv returned %zd, expected -EPROTO; errmsg \"%s\"",
+          lw, off, r, rs_conn_errmsg(cons));
+    CHECK(now_ms() - t0 < 500, "error not reported at once");
+    char num[32];
+    if (kind == BOGUS_CTL) {
+        CHECK_MSG(cons, "control code");
+        snprintf(num, sizeof num, "0x%08x", lw);
+    } else {
+        CHECK_MSG(cons, "length");
+        snprintf(num, sizeof num, "%u", lw);
+        if (kind == BOGUS_CROSSES_END) CHECK_MSG(cons, "ring end");
+    }
+    CHECK_MSG(cons, num);
+    expect_recv_rc(cons, -EPROTO, 0, 100);                   /* sticky */
+    pair_close(&p);
+}
+
+static void t_bogus_length(void)
+{
+    const uint32_t maxp = rs_max_payload(4096);
+    const uint32_t too_long[] = { maxp + 1, 4096, 4097, 65536, 0x7FFFFFFFu, RS_LEN_CTL_MIN - 1 };
+    for (int heap = 0; heap < 2; heap++) {
+        for (unsigned i = 0; i < sizeof too_long / sizeof too_long[0]; i++)
+            bogus_case(heap, BOGUS_TOO_LONG, too_long[i], i & 1);
+        bogus_case(heap, BOGUS_CROSSES_END, 100, 0);
+        bogus_case(heap, BOGUS_CROSSES_END, maxp, 1);
+        bogus_case(heap, BOGUS_CROSSES_END, 17, 0);        /* rec 32 > the 24 bytes left */
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFF10u, 0);
+        bogus_case(heap, BOGUS_CTL, RS_LEN_CTL_MIN, 1);
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFDu, 0);
+    }
+}
+
+/* ---- 6. zeroing -------------------------------------------------------------------- */
+
+static void zero_rounds(rs_conn *prod, rs_conn *cons, uint32_t stream, uint64_t seed, int rounds)
+{
+    struct rng r = { seed };
+    uint8_t out[3000], in[4000];
+    uint64_t sent = 0, rcvd = 0;
+    for (int round = 0; round < rounds; round++) {
+        int k = (int)rnd_range(&r, 1, 6);
+        for (int i = 0; i < k; i++) {
+            size_t n = (size_t)rnd_range(&r, 1, rnd(&r) & 1 ? 64 : 3000);
+            fill_pat(out, stream, sent, n);
+            ssize_t s = rs_send(prod, out, n, 1, 0);
+            if (s == -EAGAIN) break;
+            CHECK(s > 0, "rs_send returned %zd", s);
+            sent += (uint64_t)s;
+        }
+        for (;;) {
+            size_t n = (size_t)rnd_range(&r, 1, sizeof in);
+            int flags = (rnd(&r) % 5 == 0) ? RS_MSG_PEEK : 0;
+            ssize_t g = rs_recv(cons, in, n, flags | RS_MSG_DONTWAIT, 0);
+            if (g == -EAGAIN) break;
+            CHECK(g > 0, "rs_recv returned %zd; errmsg \"%s\"", g, rs_conn_errmsg(cons));
+            VERIFY_PAT(in, stream, rcvd, (size_t)g);
+            if (!flags) rcvd += (uint64_t)g;
+        }
+        CHECK_EQ(rcvd, sent);
+        CHECK_RING_ZERO(cons);
+        CHECK_EQ(head_of(cons), cons->rx_pos);           /* idle: all credit returned */
+    }
+}
+
+static void t_zeroing(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    zero_rounds(p.cli, p.srv, 50, 1, 400);
+    zero_rounds(p.srv, p.cli, 51, 2, 400);
+    CHECK(p.srv->rx_pos > 20 * 4096 && p.cli->rx_pos > 20 * 4096, "rings lapped too few times");
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    CHECK_RING_ZERO(p.srv);
+    pair_close(&p);
+}
+
+/* ---- 7. credits -------------------------------------------------------------------- */
+
+struct blocked_send { rs_conn *c; size_t n; int timeout_ms; ssize_t r; double ms; volatile int done; };
+
+static void *blocked_send_run(void *arg)
+{
+    struct blocked_send *b = arg;
+    uint8_t buf[4096];
+    memset(buf, 0x33, sizeof buf);
+    double t0 = now_ms();
+    b->r = rs_send(b->c, buf, b->n, 0, b->timeout_ms);
+    b->ms = now_ms() - t0;
+    __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void t_credits(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    rs_conn *prod = p.cli, *cons = p.srv;
+    const uint32_t quarter = 4096 / 4, rec = rs_rec_size(16);
+    uint8_t buf[4096];
+    uint64_t pos = 0, rpos = 0;
+
+    int k = fill_ring(prod, 16, 60, &pos);
+    CHECK_EQ(k, (4096 - 8) / rec);                 /* 8 bytes stay reserved for the FIN */
+    CHECK_EQ(head_of(cons), 0);
+    CHECK_EQ(prod->tx_ctl->head, 0);                /* the producer's mapping of the same word */
+
+    /* a tiny read returns no credit */
+    recv_exact(cons, buf, 16, 1000);
+    VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
+    CHECK_EQ(cons->rx_pos, rec);
+    CHECK_EQ(head_of(cons), 0);
+    CHECK_EQ(rs_send(prod, buf, 16, 1, 0), -EAGAIN);
+    CHECK_EQ(rs_tx_writable(prod), 0);
+
+    /* one record at a time: the credit appears exactly once a quarter ring was consumed */
+    while (cons->rx_pos < quarter) {
+        CHECK_EQ(head_of(cons), 0);
+        recv_exact(cons, buf, 16, 1000);
+        VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
+    }
+    uint64_t h1 = head_of(cons);
+    CHECK_EQ(h1, cons->rx_pos);
+    CHECK_EQ(prod->tx_ctl->head, h1);
+    /* ... and the producer can use it */
+    uint64_t before = pos;
+    int k2 = fill_ring(prod, 16, 60, &pos);
+    CHECK(k2 > 0 && (uint64_t)k2 * rec <= h1, "after %llu bytes of credit %d records fit", (unsigned long long)h1, k2);
+    CHECK(pos > before, "nothing sent after credit");
+
+    /* lazily again: constant until the next quarter */
+    while (cons->rx_pos < h1 + quarter) {
+        CHECK_EQ(head_of(cons), h1);
+        recv_exact(cons, buf, 16, 1000);
+        VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
+    }
+    CHECK_EQ(head_of(cons), cons->rx_pos);
+
+    /* consume everything exactly (no credit yet), then going idle publishes it */
+    uint64_t left = pos - rpos;
+    uint64_t h2 = head_of(cons);
+    recv_exact(cons, buf, 16, 1000);
+    VERIFY_PAT(buf, 60, rpos, 16); rpos += 16; left -= 16;
+    CHECK_EQ(head_of(cons), h2);
+    while (left) {
+        size_t n = left > sizeof buf ? sizeof buf : (size_t)left;
+        ssize_t r = rs_recv(cons, buf, n, RS_MSG_DONTWAIT, 0);
+        CHECK(r > 0, "rs_recv returned %zd", r);
+        VERIFY_PAT(buf, 60, rpos, (size_t)r); rpos += (uint64_t)r; left -= (uint64_t)r;
+    }
+    expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(head_of(cons), cons->rx_pos);
+    CHECK_EQ(rs_tx_writable(prod), 1);
+    pair_close(&p);
+
+    /* small lag, all consumed: no credit until idle */
+    pair_open(&p, 4096, 0);
+    for (int i = 0; i < 3; i++) send_all_nb(p.cli, buf, 16);
+    recv_exact(p.srv, buf, 48, 1000);
+    CHECK_EQ(p.srv->rx_pos, 3 * rec);
+    CHECK_EQ(head_of(p.srv), 0);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(head_of(p.srv), 3 * rec);
+    pair_close(&p);
+
+    /* a producer blocked on a full ring (tx_waiting) gets every credit at once */
+    pair_open(&p, 4096, 0);
+    prod = p.cli; cons = p.srv; pos = 0;
+    fill_ring(prod, 16, 61, &pos);
+    struct blocked_send b = { .c = prod, .n = 16, .timeout_ms = 10000 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, blocked_send_run, &b) == 0, "pthread_create");
+    int reads = 0;
+    double t0 = now_ms();
+    while (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE)) {
+        CHECK(now_ms() - t0 < 8000, "blocked producer never finished");
+        if (!__atomic_load_n(&cons->rx_ctl->tx_waiting, __ATOMIC_ACQUIRE)) { sleep_ms(1); continue; }
+        recv_exact(cons, buf, 16, 1000);
+        reads++;
+        CHECK(head_of(cons) == cons->rx_pos, "credit not published at once to a waiting producer: head %llu, rx_pos %llu",
+              (unsigned long long)head_of(cons), (unsigned long long)cons->rx_pos);
+    }
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(b.r == 16, "blocked rs_send returned %zd", b.r);
+    CHECK(reads >= 1 && reads < 10, "%d reads to unblock the producer", reads);
+    pair_close(&p);
+}
+
+/* ---- 8. full ring / backpressure --------------------------------------------------- */
+
+static void t_backpressure(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    rs_conn *prod = p.cli, *cons = p.srv;
+    static uint8_t big[100000], in[100000];
+    uint64_t sent = 0, rcvd = 0;
+
+    fill_pat(big, 70, 0, sizeof big);
+    ssize_t r = rs_send(prod, big, sizeof big, 1, 0);
+    CHECK(r > 0 && r < (ssize_t)sizeof big, "nonblocking send of 100000 into a 4096 ring returned %zd", r);
+    CHECK(r <= 4096 - 8, "more than the ring holds: %zd", r);
+    sent += (uint64_t)r;
+    for (int i = 0;; i++) {                             /* EAGAIN or a partial count */
+        fill_pat(big, 70, sent, 5000);
+        r = rs_send(prod, big, 5000, 1, 0);
+        if (r == -EAGAIN) break;
+        CHECK(r > 0 && r < 5000, "rs_send on a full ring returned %zd", r);
+        sent += (uint64_t)r;
+        CHECK(i < 100, "ring never full");
+    }
+    CHECK_EQ(rs_send(prod, big, 1, 1, 0), -EAGAIN);     /* a 1-byte record needs 16 */
+    CHECK_EQ(rs_send(prod, big, 1000, 0, 0), -EAGAIN);  /* timeout 0 means nonblocking */
+    CHECK_EQ(rs_tx_writable(prod), 0);
+
+    /* the consumer reads: sending works again */
+    r = rs_recv(cons, in, sizeof in, 0, 1000);
+    CHECK(r > 0, "rs_recv returned %zd", r);
+    VERIFY_PAT(in, 70, rcvd, (size_t)r);
+    rcvd += (uint64_t)r;
+    CHECK_EQ(rcvd, sent);
+    expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(rs_tx_writable(prod), 1);
+    fill_pat(big, 70, sent, 1000);
+    r = rs_send(prod, big, 1000, 1, 0);
+    CHECK_EQ(r, 1000);
+    sent += 1000;
+
+    /* blocking send with a 50 ms timeout on a full ring: EAGAIN after about 50 ms */
+    fill_ring(prod, 1000, 70, &sent);
+    fill_ring(prod, 1, 70, &sent);
+    double t0 = now_ms();
+    r = rs_send(prod, big, 1000, 0, 50);
+    double dt = now_ms() - t0;
+    printf("  blocking send on a full ring: %zd after %.1f ms\n", r, dt);
+    CHECK_EQ(r, -EAGAIN);
+    CHECK(dt >= 49 && dt < 1000, "timeout 50 ms took %.1f ms", dt);
+    /* a large blocking write returns what it wrote once the timeout passes */
+    while (rcvd < sent) {
+        r = rs_recv(cons, in, sizeof in, 0, 1000);
+        CHECK(r > 0, "rs_recv returned %zd", r);
+        VERIFY_PAT(in, 70, rcvd, (size_t)r);
+        rcvd += (uint64_t)r;
+    }
+    expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    fill_pat(big, 70, sent, sizeof big);
+    t0 = now_ms();
+    r = rs_send(prod, big, sizeof big, 0, 50);
+    dt = now_ms() - t0;
+    CHECK(r > 0 && r < (ssize_t)sizeof big, "blocking send of 100000 with nobody reading returned %zd", r);
+    CHECK(dt >= 49 && dt < 1000, "timeout 50 ms took %.1f ms", dt);
+    sent += (uint64_t)r;
+    while (rcvd < sent) {
+        ssize_t g = rs_recv(cons, in, sizeof in, 0, 1000);
+        CHECK(g > 0, "rs_recv returned %zd", g);
+        VERIFY_PAT(in, 70, rcvd, (size_t)g);
+        rcvd += (uint64_t)g;
+    }
+    /* and the channel is still healthy: the credit doorbells were valid */
+    send_str(prod, "still fine");
+    expect_str(cons, "still fine");
+    expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    send_str(cons, "reverse fine");
+    expect_str(prod, "reverse fine");
+    expect_recv_rc(prod, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(prod->err, 0);
+    CHECK_EQ(cons->err, 0);
+    CHECK_RING_ZERO(cons);
+    pair_close(&p);
+}
+
+/* ---- 9. FIN / half-close ----------------------------------------------------------- */
+
+struct delayed_fin { rs_conn *c; int delay_ms; };
+
+static void *delayed_fin_run(void *arg)
+{
+    struct delayed_fin *d = arg;
+    sleep_ms(d->delay_ms);
+    CHECK_EQ(rs_send_fin(d->c), 0);
+    return NULL;
+}
+
+/* Fills the ring to the brim, sends FIN, checks the consumer gets every byte, then EOF. */
+static void fin_on_full_ring(uint32_t start, int exact)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    rs_conn *prod = p.cli, *cons = p.srv;
+    uint8_t buf[4096];
+    uint64_t sent = 0, rcvd = 0;
+    advance_to(prod, start, 90, &sent);
+    recv_exact(cons, buf, (size_t)sent, 1000);
+    VERIFY_PAT(buf, 90, 0, (size_t)sent);
+    rcvd = sent;
+    expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);     /* idle: credit back */
+    if (exact) {
+        /* 1-byte records (16 ring bytes) and one 24-byte record: exactly ring - 8 bytes */
+        CHECK_EQ(start, 0);
+        for (int i = 0; i < 254; i++) { fill_pat(buf, 90, sent, 1); send_all_nb(prod, buf, 1); sent++; }
+        fill_pat(buf, 90, sent, 16); send_all_nb(prod, buf, 16); sent += 16;
+        CHECK_EQ(prod->tx_pos - head_of(cons), 4096 - 8);
+    } else {
+        fill_ring(prod, 1, 90, &sent);
+    }
+    CHECK_EQ(rs_send(prod, buf, 1, 1, 0), -EAGAIN);
+    CHECK_EQ(rs_send_fin(prod), 0);
+    CHECK(prod->tx_pos - head_of(cons) <= 4096, "FIN overran the consumer: %llu bytes in flight",
+          (unsigned long long)(prod->tx_pos - head_of(cons)));
+    struct rng rg = { start * 31 + 7 };
+    while (1) {
+        ssize_t r = rs_recv(cons, buf, (size_t)rnd_range(&rg, 1, sizeof buf), 0, 1000);
+        if (r == 0) break;
+        CHECK(r > 0, "rs_recv returned %zd; errmsg \"%s\"", r, rs_conn_errmsg(cons));
+        VERIFY_PAT(buf, 90, rcvd, (size_t)r);
+        rcvd += (uint64_t)r;
+    }
+    CHECK_EQ(rcvd, sent);
+    expect_recv_rc(cons, 0, 0, 1000);
+    CHECK_RING_ZERO(cons);
+    CHECK_EQ(rs_send(prod, buf, 1, 1, 0), -EPIPE);
+    pair_close(&p);
+}
+
+static void t_fin(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    send_str(p.cli, "last data");
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    CHECK_EQ(rs_send(p.cli, "x", 1, 1, 0), -EPIPE);
+    CHECK_EQ(rs_send(p.cli, "x", 1, 0, 100), -EPIPE);
+    CHECK_EQ(rs_send_fin(p.cli), 0);                    /* idempotent */
+    expect_str(p.srv, "last data");
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    expect_recv_rc(p.srv, 0, RS_MSG_DONTWAIT, 0);       /* EOF stays */
+    expect_recv_rc(p.srv, 0, RS_MSG_PEEK, 0);
+    CHECK_RING_ZERO(p.srv);
+    /* half-close: the other direction still works */
+    send_str(p.srv, "reply after FIN");
+    expect_str(p.cli, "reply after FIN");
+    CHECK_EQ(rs_send_fin(p.srv), 0);
+    expect_recv_rc(p.cli, 0, 0, 1000);
+    pair_close(&p);
+
+    /* FIN wakes a consumer blocked in recv (its doorbell) */
+    pair_open(&p, 4096, 0);
+    struct delayed_fin d = { p.srv, 100 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, delayed_fin_run, &d) == 0, "pthread_create");
+    double t0 = now_ms();
+    expect_recv_rc(p.cli, 0, 0, 5000);
+    double dt = now_ms() - t0;
+    CHECK(dt < 2000, "blocked recv woke %.0f ms after the FIN", dt - 100);
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    pair_close(&p);
+
+    fin_on_full_ring(0, 1);          /* exactly ring - 8 bytes of data: FIN in the last 8 */
+    fin_on_full_ring(0, 0);
+    fin_on_full_ring(2008, 0);       /* fill across the ring end: WRAP records, then FIN */
+    fin_on_full_ring(4088, 0);       /* FIN position right at a wrap */
+}
+
+/* ---- 10. peer gone ----------------------------------------------------------------- */
+
+static void t_peer_gone(void)
+{
+    struct pair p;
+    /* empty ring, no FIN, peer's socket closed: ECONNRESET long before the timeout */
+    pair_open(&p, 4096, 0);
+    send_str(p.srv, "x");
+    expect_str(p.cli, "x");
+    expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    close_fd(&p, 0);
+    double t0 = now_ms();
+    expect_recv_rc(p.cli, -ECONNRESET, 0, 2000);
+    double dt = now_ms() - t0;
+    CHECK(dt < 1000, "ECONNRESET took %.0f ms", dt);
+    pair_close(&p);
+
+    /* the same with spinning enabled and without any earlier traffic */
+    pair_open(&p, 4096, 50000);
+    close_fd(&p, 1);
+    t0 = now_ms();
+    expect_recv_rc(p.srv, -ECONNRESET, 0, 2000);
+    dt = now_ms() - t0;
+    CHECK(dt < 1000, "ECONNRESET took %.0f ms", dt);
+    pair_close(&p);
+
+    /* what the peer wrote before dying is delivered first */
+    pair_open(&p, 4096, 0);
+    send_str(p.srv, "last words");
+    close_fd(&p, 0);
+    expect_str(p.cli, "last words");
+    expect_recv_rc(p.cli, -ECONNRESET, 0, 2000);
+    pair_close(&p);
+
+    /* data and FIN, then gone: an orderly EOF, not a reset */
+    pair_open(&p, 4096, 0);
+    send_str(p.srv, "bye");
+    CHECK_EQ(rs_send_fin(p.srv), 0);
+    close_fd(&p, 0);
+    expect_str(p.cli, "bye");
+    expect_recv_rc(p.cli, 0, 0, 2000);
+    pair_close(&p);
+
+    /* a producer blocked on a full ring whose consumer dies: EPIPE, not the full timeout */
+    pair_open(&p, 4096, 0);
+    uint64_t pos = 0;
+    fill_ring(p.cli, 100, 95, &pos);
+    close_fd(&p, 0);
+    uint8_t buf[100] = { 0 };
+    t0 = now_ms();
+    ssize_t r = rs_send(p.cli, buf, sizeof buf, 0, 2000);
+    dt = now_ms() - t0;
+    CHECK(r == -EPIPE, "rs_send to a dead peer returned %zd", r);
+    CHECK(dt < 1000, "EPIPE took %.0f ms", dt);
+    pair_close(&p);
+}
+
+/* ---- 11. garbage on the doorbell channel ------------------------------------------- */
+
+static void send_raw_byte(int fd, uint8_t b)
+{
+    CHECK(send(fd, &b, 1, MSG_NOSIGNAL) == 1, "send: %s", strerror(errno));
+}
+
+/* A garbage byte followed by real traffic: the consumer reads the garbage in place of a
+ * doorbell it was told about, delivers the data, then reports EPROTO. */
+static void t_doorbell_garbage_traffic(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);     /* idle: wants a doorbell */
+    send_raw_byte(p.fd[0], 0x41);
+    send_str(p.srv, "data");                                /* rings a real doorbell */
+    CHECK(p.srv->tx_ctl->data_bells >= 1, "no doorbell sent");
+    expect_str(p.cli, "data");
+    ssize_t r = -EAGAIN;
+    for (int i = 0; i < 200 && r == -EAGAIN; i++) {
+        uint8_t buf[16];
+        r = rs_recv(p.cli, buf, sizeof buf, RS_MSG_DONTWAIT, 0);
+        if (r == -EAGAIN) sleep_ms(5);
+    }
+    CHECK(r == -EPROTO, "rs_recv returned %zd, expected -EPROTO", r);
+    CHECK_MSG(p.cli, "doorbell");
+    CHECK_MSG(p.cli, "0x41");
+    pair_close(&p);
+}
+
+/* A garbage byte on an idle connection, nothing else sent: the consumer must notice it.
+ * Known shim bug (tests/test_ring_c.py KNOWN_SHIM_BUGS): rs_rx_go_idle drains only as many
+ * bytes as the peer counted in data_bells + credit_bells, so an uncounted byte is never
+ * read, never validated, and keeps the socket readable: nonblocking recv says EAGAIN
+ * forever and a blocking recv busy-polls (poll returns at once) until its timeout. */
+static void t_doorbell_garbage_idle(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    send_raw_byte(p.fd[0], 0x41);
+    ssize_t r = -EAGAIN;
+    double t0 = now_ms();
+    for (int i = 0; i < 200 && r == -EAGAIN; i++) {
+        uint8_t buf[16];
+        r = rs_recv(p.cli, buf, sizeof buf, RS_MSG_DONTWAIT, 0);
+        if (r == -EAGAIN) sleep_ms(5);
+    }
+    CHECK(r == -EPROTO, "nonblocking rs_recv on an idle ring with a garbage byte pending still returned %zd "
+          "after %.0f ms (expected -EPROTO); the byte was never read: socket still readable = %d",
+          r, now_ms() - t0, poll(&(struct pollfd){ .fd = p.fd[1], .events = POLLIN }, 1, 0));
+    CHECK_MSG(p.cli, "doorbell");
+    CHECK_MSG(p.cli, "0x41");
+    /* and a blocking recv reports it too, without waiting for its timeout */
+    t0 = now_ms();
+    expect_recv_rc(p.cli, -EPROTO, 0, 1000);
+    CHECK(now_ms() - t0 < 500, "error not reported at once");
+    pair_close(&p);
+
+    /* blocking recv first */
+    pair_open(&p, 4096, 0);
+    send_raw_byte(p.fd[0], 0x41);
+    t0 = now_ms();
+    uint8_t buf[16];
+    r = rs_recv(p.cli, buf, sizeof buf, 0, 1000);
+    CHECK(r == -EPROTO, "blocking rs_recv with a garbage byte pending returned %zd after %.0f ms (expected -EPROTO)",
+          r, now_ms() - t0);
+    CHECK_MSG(p.cli, "doorbell");
+    pair_close(&p);
+}
+
+/* ---- 12. peek / waitall ------------------------------------------------------------ */
+
+struct trickle { rs_conn *c; uint32_t stream; int chunks; size_t chunk; int gap_ms; };
+
+static void *trickle_run(void *arg)
+{
+    struct trickle *t = arg;
+    uint8_t buf[4096];
+    uint64_t pos = 0;
+    for (int i = 0; i < t->chunks; i++) {
+        sleep_ms(t->gap_ms);
+        fill_pat(buf, t->stream, pos, t->chunk);
+        ssize_t r = rs_send(t->c, buf, t->chunk, 0, 5000);
+        CHECK(r == (ssize_t)t->chunk, "rs_send returned %zd", r);
+        pos += t->chunk;
+    }
+    return NULL;
+}
+
+static void t_peek_waitall(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    char buf[16384];
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+    send_str(p.cli, "hello");
+    send_str(p.cli, " ");
+    send_str(p.cli, "world");
+    uint8_t snap[4096];
+    memcpy(snap, p.srv->rx_ring, sizeof snap);
+    uint64_t head0 = head_of(p.srv);
+
+    ssize_t r = rs_recv(p.srv, buf, 8, RS_MSG_PEEK, 1000);     /* across records */
+    CHECK(r == 8 && memcmp(buf, "hello wo", 8) == 0, "peek 8 returned %zd", r);
+    r = rs_recv(p.srv, buf, sizeof buf, RS_MSG_PEEK, 1000);
+    CHECK(r == 11 && memcmp(buf, "hello world", 11) == 0, "peek all returned %zd", r);
+    CHECK(memcmp(snap, p.srv->rx_ring, sizeof snap) == 0, "peek changed the ring");
+    CHECK_EQ(head_of(p.srv), head0);
+    CHECK_EQ(p.srv->rx_bytes, 0);
+    expect_str(p.srv, "hel");
+    r = rs_recv(p.srv, buf, sizeof buf, RS_MSG_PEEK, 1000);     /* mid-record */
+    CHECK(r == 8 && memcmp(buf, "lo world", 8) == 0, "peek after partial read returned %zd", r);
+    r = rs_recv(p.srv, buf, 2, RS_MSG_PEEK, 1000);
+    CHECK(r == 2 && memcmp(buf, "lo", 2) == 0, "peek 2 returned %zd", r);
+    expect_str(p.srv, "lo world");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+
+    /* peek across a WRAP record */
+    uint8_t out[3000];
+    fill_pat(out, 80, 0, 3000);
+    send_all_nb(p.cli, out, 3000);
+    recv_exact(p.srv, buf, 3000, 1000);
+    /* now at 3072: a record of 600 leaves 416 bytes, the next one of 500 wraps */
+    uint64_t tx0 = p.cli->tx_pos, recs0 = p.cli->stat_records_tx;
+    CHECK_EQ(tx0, 3072);
+    fill_pat(out, 81, 0, 1100);
+    send_all_nb(p.cli, out, 600);
+    send_all_nb(p.cli, out + 600, 500);
+    CHECK_EQ(p.cli->stat_records_tx - recs0, 3);                 /* data, WRAP, data */
+    r = rs_recv(p.srv, buf, 1100, RS_MSG_PEEK, 1000);
+    CHECK_EQ(r, 1100);
+    VERIFY_PAT(buf, 81, 0, 1100);
+    r = rs_recv(p.srv, buf, 1100, RS_MSG_PEEK | RS_MSG_WAITALL, 1000);   /* WAITALL ignored with PEEK */
+    CHECK_EQ(r, 1100);
+    VERIFY_PAT(buf, 81, 0, 1100);
+    recv_exact(p.srv, buf, 1100, 1000);
+    VERIFY_PAT(buf, 81, 0, 1100);
+    CHECK_RING_ZERO(p.srv);
+
+    /* WAITALL over records that are all there */
+    fill_pat(out, 82, 0, 3000);
+    send_all_nb(p.cli, out, 1000);
+    send_all_nb(p.cli, out + 1000, 1000);
+    send_all_nb(p.cli, out + 2000, 1000);
+    r = rs_recv(p.srv, buf, 3000, RS_MSG_WAITALL, 1000);
+    CHECK_EQ(r, 3000);
+    VERIFY_PAT(buf, 82, 0, 3000);
+
+    /* PEEK then EOF */
+    send_str(p.cli, "ab");
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    r = rs_recv(p.srv, buf, 10, RS_MSG_PEEK, 1000);
+    CHECK(r == 2 && memcmp(buf, "ab", 2) == 0, "peek before FIN returned %zd", r);
+    expect_str(p.srv, "ab");
+    expect_recv_rc(p.srv, 0, RS_MSG_PEEK, 1000);
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    pair_close(&p);
+
+    /* WAITALL across records that arrive one by one, larger than the ring */
+    static const uint32_t spins[] = { 0, 20000 };
+    for (int i = 0; i < 2; i++) {
+        pair_open(&p, 4096, spins[i]);
+        struct trickle t = { p.cli, 83, 10, 1000, 10 };
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, trickle_run, &t) == 0, "pthread_create");
+        double t0 = now_ms();
+        r = rs_recv(p.srv, buf, 10000, RS_MSG_WAITALL, 10000);
+        double dt = now_ms() - t0;
+        CHECK(r == 10000, "WAITALL returned %zd after %.0f ms", r, dt);
+        VERIFY_PAT(buf, 83, 0, 10000);
+        CHECK(dt >= 90, "WAITALL returned after %.0f ms, before the data was sent", dt);
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        /* WAITALL with a timeout that passes: what arrived */
+        struct trickle t2 = { p.cli, 84, 2, 100, 1 };
+        CHECK(pthread_create(&th, NULL, trickle_run, &t2) == 0, "pthread_create");
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        r = rs_recv(p.srv, buf, 1000, RS_MSG_WAITALL, 100);
+        CHECK_EQ(r, 200);
+        VERIFY_PAT(buf, 84, 0, 200);
+        /* a blocking PEEK waits for data and leaves it in the ring */
+        struct trickle t3 = { p.cli, 85, 1, 50, 50 };
+        CHECK(pthread_create(&th, NULL, trickle_run, &t3) == 0, "pthread_create");
+        r = rs_recv(p.srv, buf, 50, RS_MSG_PEEK, 5000);
+        CHECK_EQ(r, 50);
+        VERIFY_PAT(buf, 85, 0, 50);
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        recv_exact(p.srv, buf, 50, 1000);
+        VERIFY_PAT(buf, 85, 0, 50);
+        pair_close(&p);
+    }
+}
+
+/* ---- the doorbell invariant after a spinning recv ----------------------------------- */
+
+struct late_send { rs_conn *c; const char *s; volatile int consumer_in_recv; };
+
+/* Sends while the consumer is inside recv: as soon as it advertises that it busy-polls
+ * (the producer sees `spinning`), or after 200 ms if it never does. */
+static void *late_send_run(void *arg)
+{
+    struct late_send *l = arg;
+    while (!__atomic_load_n(&l->consumer_in_recv, __ATOMIC_ACQUIRE)) sleep_ms(1);
+    double t0 = now_ms();
+    while (!__atomic_load_n(&l->c->tx_ctl->spinning, __ATOMIC_ACQUIRE) && now_ms() - t0 < 200) {}
+    send_all_nb(l->c, l->s, strlen(l->s));
+    return NULL;
+}
+
+/* Guards against a MSG_PEEK bug (in shim/ up to ba6ef1b): spin_for_data advertised
+ * spinning/spin_limit for a peek too, so the producer skipped the doorbell for data the
+ * peek then left in the ring.
+ *
+ * rs_doorbell.c promises: whenever records are unconsumed and nobody is inside recv, at
+ * least one doorbell byte is pending, so select/poll/epoll on the socket (what event
+ * loops wait on) report it readable.  A consumer that spins inside recv tells the
+ * producer to skip the doorbell for data that recv is "sure to absorb". */
+static void t_peek_doorbell(void)
+{
+    static const int flag_sets[] = { 0, RS_MSG_PEEK };
+    for (int i = 0; i < 2; i++) {
+        struct pair p;
+        pair_open(&p, 4096, 2000u * 1000 * 1000);       /* spin up to 2 s: catches the send */
+        expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);  /* idle: wants a doorbell */
+        struct late_send l = { .c = p.srv, .s = "xy" };
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, late_send_run, &l) == 0, "pthread_create");
+        /* a plain recv of 1 byte leaves "y"; a peek with room for everything leaves "xy" */
+        char buf[64];
+        size_t want = flag_sets[i] ? sizeof buf : 1;
+        __atomic_store_n(&l.consumer_in_recv, 1, __ATOMIC_RELEASE);
+        ssize_t r = rs_recv(p.cli, buf, want, flag_sets[i], 5000);
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        CHECK(r == (flag_sets[i] ? 2 : 1) && buf[0] == 'x', "rs_recv(flags 0x%x) returned %zd", flag_sets[i], r);
+        CHECK_EQ(rs_rx_available(p.cli) > 0, 1);
+        struct pollfd pf = { .fd = p.fd[1], .events = POLLIN };
+        int pr = poll(&pf, 1, 200);
+        CHECK(pr == 1, "after rs_recv(flags 0x%x) returned with data left in the ring, the socket is not "
+              "readable (poll -> %d, producer doorbells sent: %llu): select/epoll would never wake up",
+              flag_sets[i], pr, (unsigned long long)p.srv->tx_ctl->data_bells);
+        expect_str(p.cli, i ? "xy" : "y");
+        pair_close(&p);
+    }
+}
+
+/* ---- rs_rx_available (FIONREAD, socket.pending_bytes) ----------------------------- */
+
+/* Known shim bug (tests/test_ring_c.py KNOWN_SHIM_BUGS): rs_rx_take leaves rx_cur_off at
+ * the length of a record it finished when no next record is there yet, and
+ * rs_rx_available computes cur_len - cur_off = 0 - len in 32 bits: about 4 GiB. */
+static void t_rx_available(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    char buf[4096];
+    CHECK_EQ(rs_rx_available(p.srv), 0);
+    send_str(p.cli, "0123456789");                         /* records of 10, 20, 30 */
+    send_str(p.cli, "abcdefghijklmnopqrst");
+    send_str(p.cli, "ABCDEFGHIJKLMNOPQRSTUVWXYZ!?.,");
+    CHECK_EQ(rs_rx_available(p.srv), 60);
+    expect_str(p.srv, "01234");                            /* inside the first record */
+    CHECK_EQ(rs_rx_available(p.srv), 55);
+    expect_str(p.srv, "56789");                            /* exactly the end of a record */
+    CHECK_EQ(rs_rx_available(p.srv), 50);
+    expect_str(p.srv, "abcdefghijklmnopqrstABCDEFGHIJKLMNOPQRSTUVWXYZ!?.,");
+    CHECK_EQ(rs_rx_available(p.srv), 0);
+    /* across a WRAP record and up to a FIN */
+    uint64_t pos = 0;
+    advance_to(p.cli, 4000, 86, &pos);
+    recv_exact(p.srv, buf, (size_t)pos, 1000);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    send_all_nb(p.cli, buf, 100);                          /* 108 bytes left at the end */
+    send_all_nb(p.cli, buf, 200);                          /* WRAP, then the record */
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    CHECK_EQ(rs_rx_available(p.srv), 300);
+    recv_exact(p.srv, buf, 300, 1000);
+    CHECK_EQ(rs_rx_available(p.srv), 0);
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    CHECK_EQ(rs_rx_available(p.srv), 0);
+    pair_close(&p);
+}
+
+/* ---- main -------------------------------------------------------------------------- */
+
+static const struct { const char *name; void (*fn)(void); } tests[] = {
+    { "basic", t_basic },
+    { "wrap", t_wrap },
+    { "wrap_duplex", t_wrap_duplex },
+    { "split", t_split },
+    { "footer", t_footer },
+    { "bogus_length", t_bogus_length },
+    { "zeroing", t_zeroing },
+    { "credits", t_credits },
+    { "backpressure", t_backpressure },
+    { "fin", t_fin },
+    { "peer_gone", t_peer_gone },
+    { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
+    { "doorbell_garbage_idle", t_doorbell_garbage_idle },
+    { "peek_waitall", t_peek_waitall },
+    { "peek_doorbell", t_peek_doorbell },
+    { "rx_available", t_rx_available },
+};
+#define NTESTS (int)(sizeof tests / sizeof tests[0])
+
+int main(int argc, char **argv)
+{
+    int want[NTESTS], any_named = 0, skip[NTESTS];
+    memset(want, 0, sizeof want);
+    memset(skip, 0, sizeof skip);
+    for (int i = 1; i < argc; i++) {
+        int excl = 0;
+        if (!strcmp(argv[i], "-l")) {
+            for (int t = 0; t < NTESTS; t++) printf("%s\n", tests[t].name);
+            return 0;
+        }
+        if (!strcmp(argv[i], "-x") && i + 1 < argc) { excl = 1; i++; }
+        int found = 0;
+        for (int t = 0; t < NTESTS; t++)
+            if (!strcmp(argv[i], tests[t].name)) {
+                found = 1;
+                if (excl) skip[t] = 1; else { want[t] = 1; any_named = 1; }
+            }
+        if (!found) { fprintf(stderr, "unknown test %s (-l lists them)\n", argv[i]); return 2; }
+    }
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGALRM, on_alarm);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int ran = 0;
+    for (int t = 0; t < NTESTS; t++) {
+        if ((any_named && !want[t]) || skip[t]) continue;
+        cur_test = tests[t].name;
+        alarm(60);
+        double t0 = now_ms();
+        tests[t].fn();
+        alarm(0);
+        printf("ok %s (%.0f ms)\n", tests[t].name, now_ms() - t0);
+        ran++;
+    }
+    printf("all %d tests passed\n", ran);
+    return 0;
+}
