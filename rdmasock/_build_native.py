@@ -28,6 +28,7 @@ typedef struct rs_conn {
 rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
+long rs_fd_recv(int fd, void *buf, size_t n, int flags);
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_send_fin(rs_conn *c);
 int rs_tx_writable(rs_conn *c);

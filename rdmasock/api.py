@@ -53,11 +53,39 @@ class socket(_base):
         self._broken = None        # exception to raise (bad handshake)
         self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
-        self.transport = "tcp"
-        self.fallback_reason = None
+        self._transport = "tcp"
+        self._reason = None
         self._tmo = self._timeout_ms()
         if fileno is not None and fileno in _detached:
-            self._conn, self.transport = _detached.pop(fileno)
+            self._conn, self._transport = _detached.pop(fileno)
+
+    # ---- visible state ---------------------------------------------------------------
+
+    @property
+    def transport(self):
+        """"shm" or "tcp" ("rdma" with the RDMA transport).  While the peer's answer is
+        outstanding this makes non-blocking progress and reports "tcp"."""
+        if self._hs is not None:
+            try:
+                self._drive(None)
+            except OSError:
+                pass
+        return self._transport
+
+    @transport.setter
+    def transport(self, value):
+        self._transport = value
+
+    @property
+    def fallback_reason(self):
+        """None, or the reason code (rdmasock.reasons) why this connection is plain TCP."""
+        if self._hs is not None:
+            self.transport
+        return self._reason
+
+    @fallback_reason.setter
+    def fallback_reason(self, value):
+        self._reason = value
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -97,7 +125,7 @@ class socket(_base):
             local, peer = self.getsockname(), self.getpeername()
         except OSError:
             local, peer = None, None
-        log.connection(role, local, peer, self.transport, self.fallback_reason)
+        log.connection(role, local, peer, self._transport, self._reason)
 
     def _settle(self, outcome, role):
         """The handshake ended: switch to the ring or stay on TCP, then flush."""
@@ -253,8 +281,15 @@ class socket(_base):
         else:
             _base.listen(self, backlog)
         cfg = config.get()
-        if self._lmarker is None and not cfg.disabled and "shm" in cfg.transports:
-            self._lmarker = rendezvous.register_listener(self.getsockname())
+        if self._lmarker is None and not cfg.disabled and "shm" in cfg.transports \
+                and self.getsockname()[1] not in cfg.exclude_ports:
+            self._lmarker = rendezvous.register_listener(self.getsockname(), self._wildcard_kind())
+
+    def _wildcard_kind(self):
+        if self.family == _socket.AF_INET:
+            return "*4"
+        v6only = _base.getsockopt(self, _socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
+        return "*6" if v6only else "*46"
 
     def accept(self):
         fd, addr = self._accept()
@@ -262,10 +297,12 @@ class socket(_base):
         if _socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
         cfg = config.get()
-        if self._lmarker is None or cfg.disabled:
-            sock.fallback_reason = "disabled" if cfg.disabled else "peer_not_rdmasock"
+        # The client's own registration decides, not ours: with SO_REUSEPORT another
+        # listener may hold the listener name, and its clients still send a HELLO.
+        if cfg.disabled or "shm" not in cfg.transports or self.getsockname()[1] in cfg.exclude_ports:
+            sock.fallback_reason = "disabled" if cfg.disabled else "excluded"
             sock._log("server")
-        elif addr[1] in cfg.exclude_ports or not rendezvous.client_exists(addr[0], addr[1]):
+        elif not rendezvous.client_exists(addr[0], addr[1]):
             sock.fallback_reason = "peer_not_rdmasock"
             sock._log("server")
         else:
@@ -439,7 +476,7 @@ class socket(_base):
         self._hs = None
         h.close()
         self.fallback_reason = "handshake_timeout"
-        if isinstance(h, upgrade.Client) and h.hello_sent and self._pending:
+        if self._pending and (h.hello_sent if isinstance(h, upgrade.Client) else True):
             try:
                 data, self._pending = self._pending, None
                 _base.sendall(self, data)
@@ -478,7 +515,7 @@ class socket(_base):
             self._lmarker = None
         fd = super().detach()
         if c is not None:
-            _detached[fd] = (c, self.transport)     # rdmasock.socket(fileno=fd) re-attaches
+            _detached[fd] = (c, self._transport)     # rdmasock.socket(fileno=fd) re-attaches
         return fd
 
     def dup(self):
@@ -508,7 +545,7 @@ class socket(_base):
         return _base.getsockopt(self, *args)
 
     def __repr__(self):
-        return _base.__repr__(self)[:-1] + ", transport=%s>" % self.transport
+        return _base.__repr__(self)[:-1] + ", transport=%s>" % self._transport
 
     def stats(self):
         c = self._conn

@@ -61,14 +61,20 @@ def _exists(name):
         s.close()
 
 
-def register_listener(sockname):
-    """Returns the marker socket (keep it open while listening) or None if taken."""
-    return _register(_name("l", norm_ip(sockname[0]), sockname[1]))
+def register_listener(sockname, wildcard_kind):
+    """Returns the marker socket (keep it open while listening) or None if taken.
+    A wildcard listener registers by family: "*4" (0.0.0.0), "*6" (:: v6-only) or "*46"
+    (:: dual-stack), so a client only trusts a listener that can really accept it."""
+    ip = norm_ip(sockname[0])
+    return _register(_name("l", wildcard_kind if ip == "*" else ip, sockname[1]))
 
 
 def listener_exists(ip, port):
     ip = norm_ip(ip)
-    return _exists(_name("l", ip, port)) or (ip != "*" and _exists(_name("l", "*", port)))
+    if ip == "*":
+        return False
+    wild = ("*4", "*46") if ":" not in ip else ("*6", "*46")
+    return any(_exists(_name("l", n, port)) for n in (ip,) + wild)
 
 
 def register_client(ip, port):

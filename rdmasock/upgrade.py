@@ -4,6 +4,7 @@ Both sides make progress lazily: `step()` is called from the socket's operations
 returns None while the peer's message has not arrived, so nonblocking sockets and event
 loops never wait here.  Only this module reads the handshake bytes, always by peeking
 first, so bytes that are not a handshake are left to the application untouched."""
+import errno
 import os
 import secrets
 import select
@@ -11,9 +12,20 @@ import socket as _s
 import time
 
 from . import config, handshake as hs, reasons, rendezvous, transport_shm
+from ._native import ffi, lib
 
-_recv = _s.socket.recv
 _sendall = _s.socket.sendall
+
+
+def _recv(sock, n, flags):
+    """recv that never waits (flags include MSG_DONTWAIT) whatever the socket's timeout."""
+    buf = ffi.new("char[]", n)
+    r = lib.rs_fd_recv(sock.fileno(), buf, n, flags | _s.MSG_DONTWAIT)
+    if r < 0:
+        if -r in (errno.EAGAIN, errno.EINTR):
+            raise BlockingIOError(-r, os.strerror(-r))
+        raise OSError(-r, os.strerror(-r))
+    return ffi.unpack(buf, r)
 
 
 class Outcome:
@@ -76,9 +88,8 @@ class _Side:
                 elif now - self.partial_since > cfg.handshake_timeout:
                     self._discard()
                     raise hs.HandshakeError("handshake_timeout", "rdmasock: handshake: truncated message (%d bytes)" % len(data))
-                if deadline is None:
+                if deadline is None or now >= deadline:
                     return None
-                deadline = min(deadline, self.partial_since + cfg.handshake_timeout + 0.01)
                 time.sleep(0.001)
                 continue
             if deadline is None or not _wait(sock.fileno(), select.POLLIN, deadline):
@@ -156,9 +167,11 @@ class Client(_Side):
             raise hs.HandshakeError("fd_pass_failed", "rdmasock: handshake: shared memory descriptor never arrived")
         try:
             conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us)
+        except OSError as exc:
+            raise hs.HandshakeError("shm_unavailable", "rdmasock: handshake: cannot map the peer's segment: %s" % exc)
         finally:
             os.close(fd)
-        if conn.salt != msg.salt:
+        if conn.salt != msg.salt or conn.ring_size != 1 << msg.ring_log2:
             transport_shm.release(conn)
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
         return Outcome("shm", conn=conn)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include "rs_conn.h"
+#include "rs_sys.h"
 
 /* Takes ownership of the mapping [base, base+len).  The server consumes ring 0 and
  * produces into ring 1; the client the other way round. */
@@ -50,4 +51,11 @@ void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
     va_end(ap);
+}
+
+/* recvfrom(2) for the control plane: Python's socket.recv waits for the socket's timeout
+ * before honouring MSG_DONTWAIT, which the handshake reader must not do. */
+long rs_fd_recv(int fd, void *buf, size_t n, int flags)
+{
+    return rs_sys_recv(fd, buf, n, flags);
 }

@@ -144,13 +144,15 @@ ssize_t rs_rx_available(rs_conn *c)
 
 /* Adaptive spin: a budget that halves when spinning found nothing and grows back when it
  * did, so two processes sharing one CPU quickly stop burning each other's time slice. */
-static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns)
+static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek)
 {
     if (!c->spin_ns) return 0;
     struct rs_dir_ctl *k = c->rx_ctl;
-    __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);
-    __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!peek) {            /* a peek absorbs nothing, so it must not let the producer skip bells */
+        __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);
+        __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
     uint64_t end = rs_now_ns() + c->spin_cur;
     if (deadline_ns && end > deadline_ns) end = deadline_ns;
     uint64_t yield_after = rs_now_ns() + RS_PURE_SPIN_NS;
@@ -190,7 +192,7 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
             if (got || c->fin_seen) return (ssize_t)got;
             return -ECONNRESET;
         }
-        if (!nonblock && spin_for_data(c, len - got, deadline)) continue;
+        if (!nonblock && spin_for_data(c, len - got, deadline, peek)) continue;
         if (rs_rx_go_idle(c)) continue;
         if (c->tcp_eof || c->err) continue;
         if (nonblock) return got ? (ssize_t)got : -EAGAIN;

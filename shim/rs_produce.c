@@ -75,6 +75,8 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
             nanosleep(&ts, NULL);
             if (backoff_us < 1000) backoff_us *= 2;
         } else {
+            refresh_credit(c);                  /* the drain may have eaten its credit bell */
+            if (tx_free(c) >= need) return 0;
             int r = rs_wait_fd(c, slice);
             if (r == -EINTR) return -EINTR;
         }

@@ -1,0 +1,216 @@
+"""rdmasock.socket as a drop-in for socket.socket, rdmasock with rdmasock (shm)."""
+import errno
+import os
+import socket
+import threading
+
+import pytest
+
+import rdmasock
+from conftest import recv_all, recv_exact
+
+
+def test_upgrades_to_shm_and_reports_it(pair):
+    c, s = pair()
+    c.sendall(b"ping")
+    assert recv_exact(s, 4) == b"ping"
+    s.sendall(b"pong")
+    assert recv_exact(c, 4) == b"pong"
+    assert (c.transport, s.transport) == ("shm", "shm")
+    assert c.fallback_reason is None and s.fallback_reason is None
+    assert c.stats()["bytes_sent"] == 4 and s.stats()["bytes_received"] == 4
+
+
+def test_is_a_socket_and_fileno_is_the_tcp_socket(pair):
+    c, s = pair()
+    assert isinstance(c, socket.socket)
+    assert c.family == socket.AF_INET and c.type == socket.SOCK_STREAM
+    assert c.getpeername() == s.getsockname() and s.getpeername() == c.getsockname()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert socket.socket(fileno=os.dup(c.fileno())).type == socket.SOCK_STREAM
+
+
+def test_other_families_return_ordinary_sockets():
+    for fam, typ in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM)):
+        s = rdmasock.socket(fam, typ)
+        assert type(s) is socket.socket
+        s.close()
+    s = rdmasock.socket()
+    assert isinstance(s, rdmasock.socket)
+    s.close()
+
+
+def test_recv_variants(pair):
+    c, s = pair()
+    c.sendall(b"abcdefghij")
+    buf = bytearray(4)
+    assert s.recv(3, socket.MSG_PEEK) == b"abc"
+    assert s.recv_into(buf) == 4 and buf == b"abcd"
+    assert s.recv_into(buf, 2) == 2 and buf[:2] == b"ef"
+    data, anc, flags, addr = s.recvmsg(2)
+    assert data == b"gh" and anc == []
+    assert s.recvfrom(2)[0] == b"ij"
+    c.sendmsg([b"12", memoryview(b"34"), bytearray(b"5")])
+    assert recv_exact(s, 5) == b"12345"
+    c.sendall(b"x" * 100)
+    assert s.recv(100, socket.MSG_WAITALL) == b"x" * 100
+
+
+def test_makefile_text_and_binary(pair):
+    c, s = pair()
+    wf, rf = c.makefile("w"), s.makefile("r")
+    wf.write("line one\nline two\n")
+    wf.flush()
+    assert rf.readline() == "line one\n" and rf.readline() == "line two\n"
+    bw, br = s.makefile("wb"), c.makefile("rb")
+    bw.write(b"\x00\x01" * 50000)
+    bw.flush()
+    assert br.read(100000) == b"\x00\x01" * 50000
+    for f in (wf, rf, bw, br):
+        f.close()
+
+
+def test_timeouts_and_nonblocking(pair):
+    c, s = pair()
+    c.sendall(b"x")
+    assert recv_exact(s, 1) == b"x"
+    s.settimeout(0.2)
+    assert s.gettimeout() == 0.2
+    with pytest.raises(TimeoutError):
+        s.recv(10)
+    s.setblocking(False)
+    assert s.gettimeout() == 0.0
+    with pytest.raises(BlockingIOError):
+        s.recv(10)
+    with pytest.raises(BlockingIOError):
+        s.recv(10, socket.MSG_DONTWAIT)
+    s.setblocking(True)
+    c.sendall(b"y")
+    assert s.recv(10) == b"y"
+
+
+def test_half_close_both_ways(pair):
+    c, s = pair()
+    c.sendall(b"request")
+    c.shutdown(socket.SHUT_WR)
+    assert recv_all(s) == b"request"
+    with pytest.raises(BrokenPipeError):
+        c.sendall(b"more")
+    s.sendall(b"response after client's half-close")
+    s.shutdown(socket.SHUT_WR)
+    assert recv_all(c) == b"response after client's half-close"
+    assert s.recv(10) == b""
+
+
+def test_close_delivers_eof_after_data(pair):
+    c, s = pair()
+    c.sendall(b"last words")
+    c.close()
+    assert recv_all(s) == b"last words"
+
+
+def test_context_manager_and_create_server_signature():
+    with rdmasock.create_server(("127.0.0.1", 0), backlog=5, reuse_port=True) as srv:
+        with rdmasock.create_connection(srv.getsockname(), timeout=5, source_address=("127.0.0.1", 0)) as c:
+            s, addr = srv.accept()
+            with s:
+                c.sendall(b"hi")
+                assert recv_exact(s, 2) == b"hi"
+                assert addr == c.getsockname() and c.transport == "shm"
+                assert c.gettimeout() == 5
+    assert c.fileno() == -1 and srv.fileno() == -1
+
+
+def test_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        srv = rdmasock.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip("no ::1: %s" % exc)
+    with srv:
+        c = rdmasock.create_connection(srv.getsockname()[:2])
+        s, _ = srv.accept()
+        c.sendall(b"six")
+        assert recv_exact(s, 3) == b"six" and s.transport == "shm"
+        c.close()
+        s.close()
+
+
+def test_connect_and_connect_ex_plain_calls():
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c = rdmasock.socket()
+    assert c.connect_ex(srv.getsockname()) == 0
+    s, _ = srv.accept()
+    c.sendall(b"ok")
+    assert recv_exact(s, 2) == b"ok" and s.transport == "shm"
+    c2 = rdmasock.socket()
+    port = srv.getsockname()[1]
+    for x in (c, s, srv):
+        x.close()
+    assert c2.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED
+    c2.close()
+
+
+def test_send_before_accept_is_queued_like_tcp():
+    """TCP lets a client write before the server accepts; so must rdmasock."""
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c = rdmasock.create_connection(srv.getsockname())
+    c.sendall(b"early bytes " * 1000)
+    s, _ = srv.accept()
+    assert recv_exact(s, 12000) == b"early bytes " * 1000
+    s.sendall(b"answer")
+    assert recv_exact(c, 6) == b"answer"
+    assert c.transport == s.transport == "shm"
+    for x in (c, s, srv):
+        x.close()
+
+
+def test_detach_and_reattach(pair):
+    c, s = pair()
+    c.sendall(b"a")
+    assert recv_exact(s, 1) == b"a"
+    fd = s.detach()
+    s2 = rdmasock.socket(fileno=fd)
+    c.sendall(b"b")
+    assert recv_exact(s2, 1) == b"b" and s2.transport == "shm"
+    s2.close()
+
+
+def test_many_threads_many_connections():
+    srv = rdmasock.create_server(("127.0.0.1", 0), backlog=64)
+    errors = []
+
+    def serve():
+        for _ in range(40):
+            s, _ = srv.accept()
+            threading.Thread(target=echo, args=(s,), daemon=True).start()
+
+    def echo(s):
+        with s:
+            while True:
+                d = s.recv(4096)
+                if not d:
+                    return
+                s.sendall(d)
+
+    def client(i):
+        try:
+            with rdmasock.create_connection(srv.getsockname(), timeout=30) as c:
+                msg = (b"%d-" % i) * 500
+                c.sendall(msg)
+                assert recv_exact(c, len(msg)) == msg
+                assert c.transport == "shm"
+        except BaseException as exc:        # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(40)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(60)
+    srv.close()
+    assert not errors, errors[:3]
