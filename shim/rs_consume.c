@@ -104,7 +104,7 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
             if (!peek) { memset(c->rx_ring + off, 0, rec); c->stat_records_rx++; }
             cur.pos += rec;
             cur.seq++;
-            cur.cur_len = 0;
+            cur.cur_len = cur.cur_off = 0;
         }
     }
     if (peek) return got;

@@ -82,6 +82,21 @@ static void drain_bells(rs_conn *c, uint64_t todo)
     }
 }
 
+/* With every counted bell drained, anything still readable is either a bell sent after
+ * the snapshot, EOF (the peer is gone) or garbage.  Peeking consumes nothing, so the
+ * invariant holds; without this an idle nonblocking reader would never see EOF. */
+static void check_uncounted(rs_conn *c)
+{
+    uint8_t buf[64];
+    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; return; }
+    for (long i = 0; i < n; i++)
+        if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
+            return;
+        }
+}
+
 /* Called by a consumer that found its ring empty.  Returns 1 if a record is there after
  * all (consume it, nothing was drained), 0 if the connection is idle: want_bell is set
  * and every doorbell byte sent before that moment has been read off the socket. */
@@ -96,6 +111,7 @@ int rs_rx_go_idle(rs_conn *c)
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_SEQ_CST);
     if (rs_rx_ready(c)) return 1;
     if (sent > c->bells_drained) drain_bells(c, sent - c->bells_drained);
+    if (sent <= c->bells_drained && !c->tcp_eof) check_uncounted(c);
     return 0;
 }
 

@@ -30,13 +30,6 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "runtime error", "ERROR: LeakSanit
 
 # test name in test_ring.c -> the shim bug it exposes (see the test's comment for details)
 KNOWN_SHIM_BUGS = {
-    "doorbell_garbage_idle":
-        "shim/rs_doorbell.c: rs_rx_go_idle/drain_bells read only as many bytes as the peer counted "
-        "(data_bells + credit_bells), so a byte nobody counted is never read or validated: "
-        "nonblocking recv returns EAGAIN forever, blocking recv busy-polls until its timeout",
-    "rx_available":
-        "shim/rs_consume.c rs_rx_available: `cur.cur_len - cur.cur_off` underflows when the last "
-        "record was consumed completely (rx_cur_len == 0, rx_cur_off == its length): returns ~4 GiB",
 }
 
 
