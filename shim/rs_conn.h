@@ -82,6 +82,7 @@ void     rs_rx_publish_credit(rs_conn *c, int force);
 uint64_t rs_now_ns(void);
 void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind);
 int      rs_rx_go_idle(rs_conn *c);
+void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 void     rs_relax(void);
 

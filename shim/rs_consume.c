@@ -183,7 +183,10 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
     if (len == 0 || c->shut_rd) return 0;
     for (;;) {
         got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
-        if (got == len || (got && !waitall)) return (ssize_t)got;
+        if (got == len || (got && !waitall)) {
+            if (!peek) rs_rx_tidy(c);
+            return (ssize_t)got;
+        }
         if (c->fin_seen) return (ssize_t)got;
         if (c->err) return got ? (ssize_t)got : -c->err;
         if (c->tcp_eof) {

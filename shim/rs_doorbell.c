@@ -97,10 +97,25 @@ static void check_uncounted(rs_conn *c)
         }
 }
 
+static int go_idle(rs_conn *c, int check);
+
 /* Called by a consumer that found its ring empty.  Returns 1 if a record is there after
  * all (consume it, nothing was drained), 0 if the connection is idle: want_bell is set
  * and every doorbell byte sent before that moment has been read off the socket. */
-int rs_rx_go_idle(rs_conn *c)
+int rs_rx_go_idle(rs_conn *c) { return go_idle(c, 1); }
+
+/* After a recv emptied the ring: if doorbell bytes are outstanding, read them now so a
+ * level-triggered select/epoll does not report a readiness that has been consumed.
+ * Costs a system call only in episodes where the producer already paid one. */
+void rs_rx_tidy(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->rx_ctl;
+    uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
+                    __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
+    if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);
+}
+
+static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
     rs_rx_publish_credit(c, 1);
@@ -111,7 +126,7 @@ int rs_rx_go_idle(rs_conn *c)
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_SEQ_CST);
     if (rs_rx_ready(c)) return 1;
     if (sent > c->bells_drained) drain_bells(c, sent - c->bells_drained);
-    if (sent <= c->bells_drained && !c->tcp_eof) check_uncounted(c);
+    if (check && sent <= c->bells_drained && !c->tcp_eof) check_uncounted(c);
     return 0;
 }
 

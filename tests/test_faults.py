@@ -1,0 +1,222 @@
+"""Faults: dead peers, full rings, bad handshakes, leftovers, third-user isolation."""
+import errno
+import glob
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import rdmasock
+from rdmasock import handshake as hs, rendezvous
+from conftest import recv_exact, wait_for
+
+
+def test_peer_sigkilled_mid_stream_reader_sees_error(peers):
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    p = peers("stream-client", "rdmasock", srv.getsockname()[1], 1 << 30)
+    s, _ = srv.accept()
+    s.settimeout(20)
+    recv_exact(s, 1 << 20)
+    assert p.readline().endswith("shm")
+    p.proc.kill()
+    t0 = time.monotonic()
+    with pytest.raises((ConnectionResetError, EOFError)):
+        while True:
+            if not s.recv(1 << 20):
+                raise EOFError
+    assert time.monotonic() - t0 < 10
+    s.close()
+    srv.close()
+
+
+def test_peer_sigkilled_writer_sees_error(peers):
+    p = peers("echo-server", "rdmasock")
+    c = rdmasock.create_connection(("127.0.0.1", p.port), timeout=20)
+    c.sendall(b"x")
+    assert recv_exact(c, 1) == b"x" and c.transport == "shm"
+    p.proc.kill()
+    t0 = time.monotonic()
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):
+        for _ in range(10000):              # the echo is gone: the ring fills, then EPIPE
+            c.sendall(b"y" * 65536)
+    assert time.monotonic() - t0 < 10
+    c.close()
+
+
+def test_full_ring_backpressure(pair):
+    c, s = pair()
+    c.setblocking(False)
+    total = 0
+    with pytest.raises(BlockingIOError):
+        for _ in range(10000):
+            total += c.send(b"z" * 4096)
+    assert 100000 < total <= 4 << 20                 # a ring's worth was accepted
+    c.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        c.sendall(b"z" * 4096)
+    got = 0
+    s.settimeout(5)
+    while got < total:
+        got += len(s.recv(1 << 20))
+    c.setblocking(True)
+    c.sendall(b"after")                               # credit came back
+    while True:
+        d = s.recv(100)
+        if d.endswith(b"after"):
+            break
+
+
+def _fake_rdmasock_client(port, payload):
+    """A raw client that registers a client rendezvous (so the server expects a HELLO)
+    and then sends payload instead of a valid one."""
+    c = socket.socket()
+    c.bind(("127.0.0.1", 0))
+    marker = rendezvous.register_client(*c.getsockname())
+    c.connect(("127.0.0.1", port))
+    c.sendall(payload)
+    return c, marker
+
+
+@pytest.mark.parametrize("payload,reason", [
+    (hs.MAGIC + b"\x00\x01\x00\x01\xff\xff\xff\xff" + b"\0" * 48, "handshake_garbage"),   # oversized
+    (hs.MAGIC + b"\x00\x01\x00\x07\x00\x00\x00\x40" + b"\0" * 48, "handshake_garbage"),   # bad opcode
+    (hs.MAGIC + b"\x00\x01", "handshake_timeout"),                                        # truncated
+])
+def test_garbage_handshake_clear_error_bounded(payload, reason, monkeypatch):
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_HANDSHAKE_TIMEOUT", "1")
+    config.reload()
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c, marker = _fake_rdmasock_client(srv.getsockname()[1], payload)
+    t0 = time.monotonic()
+    s, _ = srv.accept()
+    s.settimeout(5)
+    with pytest.raises(OSError) as ei:
+        s.recv(10)
+    assert ei.value.errno == errno.EPROTO and "handshake" in str(ei.value)
+    assert s.fallback_reason == reason
+    assert time.monotonic() - t0 < 4
+    for x in (s, c, marker, srv):
+        x.close()
+
+
+def test_non_handshake_bytes_from_registered_client_stay_tcp():
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c, marker = _fake_rdmasock_client(srv.getsockname()[1], b"GET / HTTP/1.0\r\n\r\n")
+    s, _ = srv.accept()
+    assert recv_exact(s, 18) == b"GET / HTTP/1.0\r\n\r\n"      # nothing consumed
+    assert s.transport == "tcp" and s.fallback_reason == "peer_not_rdmasock"
+    for x in (s, c, marker, srv):
+        x.close()
+
+
+def test_garbage_reply_gives_client_clear_error():
+    ls = socket.create_server(("127.0.0.1", 0))
+    lmarker = rendezvous.register_listener(ls.getsockname(), "*4")   # pretends to be rdmasock
+    c = rdmasock.create_connection(ls.getsockname(), timeout=5)
+    s, _ = ls.accept()
+    assert recv_exact(s, 64)[:8] == hs.MAGIC
+    s.sendall(hs.MAGIC + b"\x00\x01\x00\x02" + b"\xff" * 52)          # ACCEPT with a bogus length
+    with pytest.raises(OSError) as ei:
+        c.recv(10)
+    assert ei.value.errno == errno.EPROTO
+    for x in (c, s, ls, lmarker):
+        x.close()
+
+
+def _my_segments():
+    out = []
+    for fd in glob.glob("/proc/%d/fd/*" % os.getpid()):
+        try:
+            if "rdmasock" in os.readlink(fd):
+                out.append(fd)
+        except OSError:
+            pass
+    maps = open("/proc/self/maps").read()
+    return out, maps.count("memfd:rdmasock")
+
+
+def _abstract_names():
+    return [ln for ln in open("/proc/net/unix").read().splitlines() if "@rdmasock/" in ln]
+
+
+def test_nothing_left_behind_after_close(pair):
+    before = set(os.listdir("/dev/shm"))
+    c, s = pair()
+    c.sendall(b"x")
+    recv_exact(s, 1)
+    assert _my_segments()[1] == 2                    # both ends map the one memfd segment
+    c.close()
+    s.close()
+    assert _my_segments() == ([], 0)
+    assert set(os.listdir("/dev/shm")) == before
+    assert not [n for n in _abstract_names() if "/c/" in n]
+
+
+def test_nothing_left_behind_after_sigkill_of_both(peers):
+    before = set(os.listdir("/dev/shm"))
+    p = peers("echo-server", "rdmasock")
+    q = peers("hold-client", "rdmasock", p.port)
+    assert q.first == "ready shm" or q.readline() is not None
+    pids = (p.proc.pid, q.proc.pid)
+    p.proc.kill()
+    q.proc.kill()
+    p.proc.wait(10)
+    q.proc.wait(10)
+    assert set(os.listdir("/dev/shm")) == before
+    names = _abstract_names()
+    assert wait_for(lambda: not any("rdmasock/l/" in n and str(p.port) in n for n in _abstract_names()), 5), names
+    assert all(not os.path.exists("/proc/%d" % pid) for pid in pids)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user")
+def test_third_user_cannot_open_or_map_the_ring(pair, tmp_path):
+    c, s = pair()
+    c.sendall(b"secret")
+    recv_exact(s, 6)
+    fds, _ = _my_segments()
+    assert fds
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, sys, glob, mmap\n"
+        "ok = []\n"
+        "for p in sys.argv[1:] + glob.glob('/proc/%s/map_files/*'):\n"
+        "    try:\n"
+        "        fd = os.open(p, os.O_RDWR)\n"
+        "        mmap.mmap(fd, 4096)\n"
+        "        ok.append(p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('opened', len(ok))\n" % os.getpid())
+    os.chmod(tmp_path, 0o755)
+    os.chmod(probe, 0o644)
+
+    def drop():
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+
+    out = subprocess.run([sys.executable, str(probe)] + fds, preexec_fn=drop, capture_output=True, timeout=30)
+    assert out.stdout.decode().strip() == "opened 0", out.stderr.decode()
+
+
+def test_fake_descriptor_from_third_party_is_ignored():
+    """Anyone may send to a client's abstract name; without the nonce it is discarded."""
+    c = socket.socket()
+    c.bind(("127.0.0.1", 0))
+    marker = rendezvous.register_client(*c.getsockname())
+    fake = os.memfd_create("evil")
+    rendezvous.send_fd("127.0.0.1", c.getsockname()[1], b"\0" * 16, fake)
+    assert rendezvous.recv_fd(marker, b"\1" * 16) is None
+    for x in (c, marker):
+        x.close()
+    os.close(fake)
