@@ -67,11 +67,12 @@ def main():
     s = m.create_connection(("127.0.0.1", port))
     if mode == "stream-client":
         n = int(sys.argv[4])
-        blob = data(n)
+        blob = data(1 << 20)
         sent = 0
         while sent < n:
             k = min(1 << 16, n - sent)
-            s.sendall(blob[sent:sent + k])
+            off = sent % len(blob)
+            s.sendall(blob[off:off + k])
             sent += k
             if sent % (1 << 20) == 0:
                 say("sent", sent, getattr(s, "transport", "tcp"))
@@ -79,6 +80,7 @@ def main():
         time.sleep(60)
     elif mode == "hold-client":
         s.sendall(b"hi")
+        s.recv(2)                           # echoed: the handshake is over
         say("ready", getattr(s, "transport", "tcp"))
         time.sleep(120)
 
