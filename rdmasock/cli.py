@@ -1,0 +1,51 @@
+"""rdmasock command line: doctor, demo, bench (more commands come with LD_PRELOAD)."""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def doctor(_args):
+    """Says which transports this machine can use, and why not."""
+    from . import config, transport_shm
+    cfg = config.get()
+    print("rdmasock %s, python %s" % (__import__("rdmasock").__version__, sys.version.split()[0]))
+    print("enabled:", "no (RDMASOCK_DISABLE)" if cfg.disabled else "yes", "| transports:", ",".join(cfg.transports))
+    try:
+        fd = transport_shm.create_segment(4096, 1)
+        os.close(fd)
+        print("shm: usable (memfd + sealing)")
+    except OSError as exc:
+        print("shm: NOT usable: %s" % exc)
+    devs = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    print("rdma: %s" % ("devices " + ", ".join(devs) + " (transport not in this build yet)" if devs
+                        else "no RDMA devices (/sys/class/infiniband absent or empty)"))
+    return 0
+
+
+def _bench_script(name):
+    path = os.path.join(REPO, "bench", name)
+    if not os.path.exists(path):
+        sys.exit("rdmasock: %s not found (run from a source checkout)" % path)
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="rdmasock")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("doctor", help="what this machine can use")
+    sub.add_parser("demo", help="ping-pong: TCP vs rdmasock")
+    b = sub.add_parser("bench", help="core benchmark (ping-pong and stream)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    if args.cmd == "doctor":
+        return doctor(args)
+    script = _bench_script("demo.py" if args.cmd == "demo" else "core.py")
+    return subprocess.call([sys.executable, script] + getattr(args, "rest", []))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything rdmasock needs on Debian 12 (as root) and builds it into .venv.
+# Idempotent: safe to run again.  Build base is Debian's /usr/bin/python3 so that service
+# users (e.g. postgres) can read the interpreter the library embeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+PKGS="python3 python3-venv python3-dev python3-cffi python3-setuptools python3-wheel libpython3.11-dev gcc libc6-dev util-linux procps"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  apt-get update -qq
+  apt-get install -y -qq $PKGS >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check "psutil>=5.9" "pytest>=7" "hypothesis>=6"
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+.venv/bin/python -c "import rdmasock._native" 
+echo "rdmasock: set up in $(pwd)/.venv"
