@@ -118,7 +118,7 @@ void rs_rx_tidy(rs_conn *c)
 static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
-    rs_rx_publish_credit(c, 1);
+    if (check) rs_rx_publish_credit(c, 1);      /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
      * is guaranteed to see, so draining it cannot strand that record without a bell. */
