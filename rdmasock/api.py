@@ -8,6 +8,7 @@ import errno
 import math
 import os
 import socket as _socket
+import threading
 import time
 
 from . import config, handshake as hs, log, rendezvous, upgrade
@@ -53,6 +54,7 @@ class socket(_base):
         self._broken = None        # exception to raise (bad handshake)
         self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
+        self._hs_lock = threading.RLock()   # handshake progress vs. queued writes, across threads
         self._transport = "tcp"
         self._reason = None
         self._tmo = self._timeout_ms()
@@ -133,12 +135,14 @@ class socket(_base):
         h.close()
         self.transport = outcome.transport
         self.fallback_reason = outcome.reason
-        if outcome.conn is not None:
-            self._conn = outcome.conn
         self._log(role)
 
     def _drive(self, deadline):
         """Advances a pending handshake.  Returns True when it is over."""
+        with self._hs_lock:
+            return self._drive_locked(deadline)
+
+    def _drive_locked(self, deadline):
         h = self._hs
         if h is None:
             return True
@@ -155,7 +159,8 @@ class socket(_base):
             return False
         self._settle(outcome, "client" if isinstance(h, upgrade.Client) else "server")
         if self._pending:
-            self._flush_pending()
+            self._flush_pending(outcome.conn)
+        self._conn = outcome.conn             # published last: other threads now use the ring
         return True
 
     def _ready_for_io(self, for_write):
@@ -175,12 +180,13 @@ class socket(_base):
             raise TimeoutError("timed out")
         return True
 
-    def _flush_pending(self):
+    def _flush_pending(self, conn=None):
+        conn = conn if conn is not None else self._conn
         data, self._pending = self._pending, None
         view = memoryview(data)
-        if self._conn is not None:
+        if conn is not None:
             while view:
-                r = lib.rs_send(self._conn, ffi.from_buffer(view), len(view), 0, -1)
+                r = lib.rs_send(conn, ffi.from_buffer(view), len(view), 0, -1)
                 if r < 0:
                     self._fail(r)
                 view = view[r:]
@@ -188,6 +194,12 @@ class socket(_base):
             _base.sendall(self, view)
 
     def _queue(self, data):
+        with self._hs_lock:
+            if self._hs is None:
+                return None                      # finished meanwhile: caller sends normally
+            return self._queue_locked(data)
+
+    def _queue_locked(self, data):
         limit = config.get().pending_limit
         n = len(memoryview(data).cast("B"))
         if self._pending is None:

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include "rs_conn.h"
+#include "rs_sys.h"
 
 /* Orders the payload (possibly written with non-temporal stores by memcpy) before the
  * footer that publishes it. */
@@ -68,17 +69,15 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
             uint64_t left_ms = (deadline_ns - now) / 1000000u + 1;
             if (left_ms < (uint64_t)slice) slice = (int)left_ms;
         }
-        if (rs_rx_go_idle(c)) {
-            /* Unread data of ours is pending, so its doorbell must stay on the socket and
-             * poll would not block: back off instead (both sides writing, nobody reading). */
-            struct timespec ts = { 0, (long)backoff_us * 1000 };
-            nanosleep(&ts, NULL);
-            if (backoff_us < 1000) backoff_us *= 2;
-        } else {
-            refresh_credit(c);                  /* the drain may have eaten its credit bell */
-            if (tx_free(c) >= need) return 0;
-            int r = rs_wait_fd(c, slice);
-            if (r == -EINTR) return -EINTR;
+        /* Sleep without touching the receive side (another thread may be in recv) or
+         * the socket (its readiness belongs to the receiver): short, growing naps. */
+        (void)slice;
+        struct timespec ts = { 0, (long)backoff_us * 1000 };
+        nanosleep(&ts, NULL);
+        if (backoff_us < 1000) backoff_us *= 2;
+        if (!c->tcp_eof) {
+            struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+            if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
         }
     }
 }
