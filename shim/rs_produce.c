@@ -64,14 +64,8 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
-        int slice = 50;
-        if (deadline_ns) {
-            uint64_t left_ms = (deadline_ns - now) / 1000000u + 1;
-            if (left_ms < (uint64_t)slice) slice = (int)left_ms;
-        }
         /* Sleep without touching the receive side (another thread may be in recv) or
-         * the socket (its readiness belongs to the receiver): short, growing naps. */
-        (void)slice;
+         * the socket's data (its readiness belongs to the receiver): short, growing naps. */
         struct timespec ts = { 0, (long)backoff_us * 1000 };
         nanosleep(&ts, NULL);
         if (backoff_us < 1000) backoff_us *= 2;
