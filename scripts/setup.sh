@@ -19,3 +19,9 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 .venv/bin/python -c "import rdmasock._native" 
 echo "rdmasock: set up in $(pwd)/.venv"
+
+# --- Soft-RoCE VM prerequisites for the RDMA tests (packages + cached initramfs) ---
+# (scripts/softroce/setup.sh; set RDMASOCK_SKIP_SOFTROCE=1 to leave them out)
+if [ "${RDMASOCK_SKIP_SOFTROCE:-0}" != 1 ]; then
+  bash scripts/softroce/setup.sh
+fi
