@@ -4,7 +4,8 @@ Run by the package install (cffi_modules in pyproject.toml); paths are relative 
 project root, where setuptools runs it."""
 import cffi
 
-SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c"]
+SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
+           "shim/rs_preamble.c"]
 
 CDEF = """
 typedef struct rs_conn {
@@ -14,10 +15,13 @@ typedef struct rs_conn {
     uint64_t salt;
     uint64_t tx_bytes;
     uint64_t rx_bytes;
+    uint64_t bells_drained;
     uint8_t fin_seen;
     uint8_t fin_sent;
     uint8_t tcp_eof;
     uint8_t shut_rd;
+    uint8_t rx_pre;
+    uint32_t pre_left;
     int err;
     uint64_t stat_bells_sent;
     uint64_t stat_sleeps;
@@ -25,6 +29,9 @@ typedef struct rs_conn {
     uint64_t stat_records_rx;
     ...;
 } rs_conn;
+rs_conn *rs_conn_new_tcp(int fd);
+ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
+int rs_pre_switch(int fd);
 rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);

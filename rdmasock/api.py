@@ -50,7 +50,8 @@ class socket(_base):
         super().__init__(family, type, proto, fileno)
         self._conn = None          # C connection when upgraded
         self._hs = None            # upgrade.Client / upgrade.Server while handshaking
-        self._pending = None       # bytes sent before the handshake finished
+        self._app_nodelay = 0      # TCP_NODELAY as the application set it (upgraded sockets)
+        self._rxpre = None         # server that declined: C reader of the client's preamble
         self._broken = None        # exception to raise (bad handshake)
         self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
@@ -111,15 +112,16 @@ class socket(_base):
             return float("inf")
         return None if t == 0 else time.monotonic() + t
 
-    def _fail(self, r):
+    def _fail(self, r, c=None):
         """Raises the exception for a negative errno from the C data path."""
         e = -r
         if e == errno.EAGAIN:
             if self.gettimeout():
                 raise TimeoutError("timed out")
             raise BlockingIOError(e, os.strerror(e))
-        if e == errno.EPROTO and self._conn is not None:
-            raise OSError(e, ffi.string(lib.rs_conn_errmsg(self._conn)).decode())
+        c = c if c is not None else self._conn
+        if e == errno.EPROTO and c is not None:
+            raise OSError(e, ffi.string(lib.rs_conn_errmsg(c)).decode())
         raise OSError(e, os.strerror(e)) if e not in _ERRCLS else _ERRCLS[e](e, os.strerror(e))
 
     def _log(self, role):
@@ -157,62 +159,102 @@ class socket(_base):
             raise
         if outcome is None:
             return False
-        self._settle(outcome, "client" if isinstance(h, upgrade.Client) else "server")
-        if self._pending:
-            self._flush_pending(outcome.conn)
-        self._conn = outcome.conn             # published last: other threads now use the ring
+        client = isinstance(h, upgrade.Client)
+        if outcome.conn is not None:
+            # The TCP socket now carries only doorbell bytes: Nagle would hold a bell
+            # behind an unacknowledged one for a delayed-ACK time.  The application's own
+            # setting is kept virtually (getsockopt/setsockopt below).
+            self._app_nodelay = _base.getsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY)
+            _base.setsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        if client and outcome.reason != "closed_during_handshake":
+            lib.rs_pre_switch(self.fileno())  # our last preamble frame; failure shows later
+        elif not client and outcome.preamble:
+            if outcome.conn is not None:
+                outcome.conn.rx_pre = 1
+            else:
+                self._rxpre = lib.rs_conn_new_tcp(self.fileno())
+                if self._rxpre == ffi.NULL:
+                    raise MemoryError("rdmasock: no memory for a connection")
+        # Publish the connection before clearing _hs: a thread that sees _hs gone is then
+        # sure to see the ring (see _plain), never the bare TCP socket.
+        self._conn = outcome.conn
+        self._settle(outcome, "client" if client else "server")
         return True
 
     def _ready_for_io(self, for_write):
-        """Makes sure the handshake is over before data moves.  For a write while the peer
-        has not answered yet, returns False: the caller queues the bytes."""
+        """Makes sure the handshake is over before data moves.  Returns False for a
+        client's write while the server has not answered: the caller sends a preamble
+        frame.  A server never writes before it has answered (it waits for the HELLO,
+        which the client sends as soon as its connect completes)."""
         if self._broken is not None:
             raise self._broken
-        if self._hs is None:
+        h = self._hs
+        if h is None:
             return True
         if self._drive(None):
             return True
-        if for_write:
+        if for_write and isinstance(h, upgrade.Client):
+            if not h.hello_sent:
+                if not h.connected(None):
+                    raise BlockingIOError(errno.EAGAIN, "rdmasock: connect in progress")
+                h.start()
             return False
+        if for_write:
+            if self._drive(time.monotonic() + config.get().handshake_timeout):
+                return True
+            exc = hs.HandshakeError("handshake_timeout", "rdmasock: handshake: the client announced "
+                                    "rdmasock but sent no HELLO in time")
+            self._hs = None
+            h.close()
+            self.fallback_reason, self._broken = exc.reason, exc
+            self._log("server")
+            raise exc
         if self._deadline() is None:
             raise BlockingIOError(errno.EAGAIN, "rdmasock: handshake in progress")
         if not self._drive(self._deadline()):
             raise TimeoutError("timed out")
         return True
 
-    def _flush_pending(self, conn=None):
-        conn = conn if conn is not None else self._conn
-        data, self._pending = self._pending, None
-        view = memoryview(data)
-        if conn is not None:
-            while view:
-                r = lib.rs_send(conn, ffi.from_buffer(view), len(view), 0, -1)
-                if r < 0:
-                    self._fail(r)
-                view = view[r:]
-        else:
-            _base.sendall(self, view)
-
-    def _queue(self, data):
+    def _send_preamble(self, data, flags):
+        """A client's write before the server's answer: one preamble frame on the TCP
+        stream.  None if the handshake finished meanwhile (send normally)."""
         with self._hs_lock:
-            if self._hs is None:
-                return None                      # finished meanwhile: caller sends normally
-            return self._queue_locked(data)
+            if self._ready_for_io(True):
+                return None
+            p = _from_buffer(data)
+            nonblock = bool(flags & _NONBLOCK_FLAGS) or self._tmo == 0
+            r = lib.rs_pre_send(self.fileno(), p, len(p), 1 if nonblock else 0, self._tmo)
+            if r < 0:
+                self._fail(r)
+            return r
 
-    def _queue_locked(self, data):
-        limit = config.get().pending_limit
-        n = len(memoryview(data).cast("B"))
-        if self._pending is None:
-            self._pending = bytearray()
-        if len(self._pending) + n > limit:
-            if not self._drive(self._deadline() if self.gettimeout() != 0 else None):
-                if len(self._pending) >= limit:
-                    raise BlockingIOError(errno.EAGAIN, "rdmasock: handshake in progress")
-                n = limit - len(self._pending)
-            else:
-                return None                      # handshake done: caller sends normally
-        self._pending += memoryview(data).cast("B")[:n]
-        return n
+    def _plain(self):
+        """True if this socket is (now) plain TCP.  _hs is read first: the handshake
+        publishes _conn/_rxpre before it clears _hs, so no thread mistakes a socket that
+        was just upgraded for a plain one."""
+        return self._hs is None and self._broken is None and self._conn is None and self._rxpre is None
+
+    def _plain_tx(self):
+        """True if writes go to the TCP socket as they are (plain, or a server that
+        declined: only the client's direction carries preamble frames)."""
+        return self._hs is None and self._broken is None and self._conn is None
+
+    def _slow_rx(self):
+        """The C connection a read uses outside the fast path, or None for plain TCP."""
+        if self._plain():
+            return None
+        if self._rxpre is not None:
+            return self._rxpre
+        if self._hs is not None or self._broken is not None:
+            self._ready_for_io(False)
+        return self._conn if self._conn is not None else self._rxpre
+
+    def _preamble_done(self):
+        """The declined server has unwrapped the client's preamble: plain TCP from now on."""
+        c = self._rxpre
+        if c is not None and not c.rx_pre:
+            self._rxpre = None
+            lib.rs_conn_free(c)
 
     # ---- connection set-up ---------------------------------------------------------
 
@@ -333,10 +375,9 @@ class socket(_base):
     def recv(self, bufsize, flags=0):
         c = self._conn
         if c is None:
-            if self._hs is None and self._broken is None:
+            c = self._slow_rx()
+            if c is None:
                 return _base.recv(self, bufsize, flags)
-            self._ready_for_io(False)
-            return self.recv(bufsize, flags)
         if bufsize <= _RBUF_SIZE:
             buf = self._rbuf
             if buf is None:
@@ -348,17 +389,18 @@ class socket(_base):
         while True:
             r = _rs_recv(c, buf, bufsize, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
+                if self._rxpre is not None:
+                    self._preamble_done()
                 return _unpack(buf, r)
             if r != _EINTR:
-                self._fail(r)
+                self._fail(r, c)
 
     def recv_into(self, buffer, nbytes=0, flags=0):
         c = self._conn
         if c is None:
-            if self._hs is None and self._broken is None:
+            c = self._slow_rx()
+            if c is None:
                 return _base.recv_into(self, buffer, nbytes, flags)
-            self._ready_for_io(False)
-            return self.recv_into(buffer, nbytes, flags)
         p = _from_buffer(buffer, require_writable=True)
         size = len(p)
         if 0 < nbytes < size:
@@ -368,27 +410,29 @@ class socket(_base):
         while True:
             r = _rs_recv(c, p, size, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
+                if self._rxpre is not None:
+                    self._preamble_done()
                 return r
             if r != _EINTR:
-                self._fail(r)
+                self._fail(r, c)
 
     def recvfrom(self, bufsize, flags=0):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.recvfrom(self, bufsize, flags)
         return self.recv(bufsize, flags), None
 
     def recvfrom_into(self, buffer, nbytes=0, flags=0):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.recvfrom_into(self, buffer, nbytes, flags)
         return self.recv_into(buffer, nbytes, flags), None
 
     def recvmsg(self, bufsize, ancbufsize=0, flags=0):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.recvmsg(self, bufsize, ancbufsize, flags)
         return self.recv(bufsize, flags), [], 0, None
 
     def recvmsg_into(self, buffers, ancbufsize=0, flags=0):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.recvmsg_into(self, buffers, ancbufsize, flags)
         total = 0
         for b in buffers:
@@ -402,15 +446,12 @@ class socket(_base):
     def send(self, data, flags=0):
         c = self._conn
         if c is None:
-            if self._hs is None and self._broken is None:
-                return _base.send(self, data, flags)
-            if not self._ready_for_io(True):
-                n = self._queue(data)
-                if n is not None:
-                    return n
+            if self._plain_tx():
+                return _base.send(self, data, flags)       # plain, or a declined server
+            n = self._send_preamble(data, flags)
+            if n is not None:
+                return n
             return self.send(data, flags)
-        if self._pending:
-            self._flush_pending()
         p = _from_buffer(data)
         while True:
             r = _rs_send(c, p, len(p), 1 if flags & _NONBLOCK_FLAGS else 0, self._tmo)
@@ -421,7 +462,7 @@ class socket(_base):
 
     def sendall(self, data, flags=0):
         c = self._conn
-        if c is not None and self._tmo < 0 and not self._pending and not flags & _NONBLOCK_FLAGS:
+        if c is not None and self._tmo < 0 and not flags & _NONBLOCK_FLAGS:
             p = _from_buffer(data)          # blocking without timeout: one call sends it all
             n = len(p)
             while True:
@@ -432,7 +473,7 @@ class socket(_base):
                     p, n = p + r, n - r
                 elif r != _EINTR:
                     self._fail(r)
-        if c is None and self._hs is None and self._broken is None:
+        if c is None and self._plain_tx():
             return _base.sendall(self, data, flags)
         view = memoryview(data).cast("B")
         deadline = self._deadline()
@@ -443,19 +484,19 @@ class socket(_base):
             view = view[n:]
 
     def sendmsg(self, buffers, ancdata=(), flags=0, address=None):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
         if ancdata:
             raise OSError(errno.EOPNOTSUPP, "rdmasock: ancillary data on an upgraded TCP connection")
         return self.send(b"".join(bytes(memoryview(b).cast("B")) for b in buffers), flags)
 
     def sendto(self, data, flags_or_addr, addr=None):
-        if self._conn is None and self._hs is None and self._broken is None:
+        if self._plain():
             return _base.sendto(self, data, flags_or_addr, *([addr] if addr is not None else []))
         raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
 
     def sendfile(self, file, offset=0, count=None):
-        if self._conn is None and self._hs is None:
+        if self._plain_tx():
             return _base.sendfile(self, file, offset, count)
         return self._sendfile_use_send(file, offset, count)
 
@@ -467,17 +508,15 @@ class socket(_base):
         c = self._conn
         if c is None:
             return _base.shutdown(self, how)
-        if self._pending:
-            self._flush_pending()
         if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
             c.shut_rd = 1
         if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
             lib.rs_send_fin(c)
 
     def _finish_handshake_for_close(self):
-        """close()/shutdown() while the peer has not answered: wait (bounded) for it; a
-        client that gives up sends its queued bytes as plain TCP right after the HELLO,
-        which the server strips (docs/PROTOCOL.md, "Giving up")."""
+        """shutdown()/detach() while the peer has not answered: the half-close must travel
+        the way the data will, so wait (bounded) for the answer.  Without one the socket
+        stays plain TCP with reason handshake_timeout."""
         try:
             self._drive(time.monotonic() + config.get().handshake_timeout)
         except (OSError, hs.HandshakeError):
@@ -488,35 +527,22 @@ class socket(_base):
         self._hs = None
         h.close()
         self.fallback_reason = "handshake_timeout"
-        if self._pending and (h.hello_sent if isinstance(h, upgrade.Client) else True):
-            try:
-                data, self._pending = self._pending, None
-                _base.sendall(self, data)
-            except OSError:
-                pass
 
     def _real_close(self):
         c, self._conn = self._conn, None
         if c is not None:
-            if self._pending:
-                try:
-                    self._flush_pending()
-                except OSError:
-                    pass
             lib.rs_send_fin(c)
             upgrade.transport_shm.release(c)
+        pre, self._rxpre = self._rxpre, None
+        if pre is not None:
+            lib.rs_conn_free(pre)
+        h, self._hs = self._hs, None
+        if h is not None:
+            h.close()
         if self._lmarker is not None:
             self._lmarker.close()
             self._lmarker = None
         super()._real_close()
-
-    def close(self):
-        if self._hs is not None and not self._closed_flag():
-            self._finish_handshake_for_close()
-        super().close()
-
-    def _closed_flag(self):
-        return getattr(self, "_closed", False)
 
     def detach(self):
         if self._hs is not None:
@@ -546,7 +572,17 @@ class socket(_base):
             return struct.unpack("i", fcntl.ioctl(self.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
         return lib.rs_rx_available(self._conn)
 
+    def setsockopt(self, level, optname, value, optlen=None):
+        if self._conn is not None and (level, optname) == (_socket.IPPROTO_TCP, _socket.TCP_NODELAY):
+            self._app_nodelay = 1 if value else 0     # the doorbell socket keeps Nagle off
+            return None
+        if optlen is None:
+            return _base.setsockopt(self, level, optname, value)
+        return _base.setsockopt(self, level, optname, value, optlen)
+
     def getsockopt(self, *args):
+        if self._conn is not None and args[:2] == (_socket.IPPROTO_TCP, _socket.TCP_NODELAY) and len(args) == 2:
+            return self._app_nodelay
         h = self._hs
         if h is not None and isinstance(h, upgrade.Client) and not h.hello_sent and args[:2] == (_socket.SOL_SOCKET, _socket.SO_ERROR):
             # asyncio finishes a nonblocking connect by reading SO_ERROR: send the HELLO now.

@@ -33,7 +33,8 @@ F_SALTED_FOOTER = 1 << 0   # footer = hash(salt, seq, lenword)
 F_LAZY_CREDIT = 1 << 1     # credit returned every quarter ring
 F_INBAND_FIN = 1 << 2      # half-close travels as a FIN record
 F_SPIN_SKIP = 1 << 3       # consumer's spin_limit lets the producer skip doorbells
-REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP
+F_PREAMBLE = 1 << 4        # client bytes before the answer travel as TCP frames, then SWITCH
+REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP | F_PREAMBLE
 SUPPORTED = REQUIRED
 
 

@@ -17,6 +17,7 @@ REASONS = {
     11: ("handshake_timeout", "the handshake did not complete in time"),
     12: ("already_connected", "the socket was connected before rdmasock saw it"),
     13: ("peer_declined", "the peer declined the upgrade"),
+    14: ("closed_during_handshake", "the peer closed the connection before the handshake finished"),
 }
 
 CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}

@@ -29,10 +29,12 @@ def _recv(sock, n, flags):
 
 
 class Outcome:
-    __slots__ = ("transport", "reason", "conn")
+    """How a handshake ended.  `preamble`: the server answered a HELLO, so the client's
+    first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9)."""
+    __slots__ = ("transport", "reason", "conn", "preamble")
 
-    def __init__(self, transport, reason=None, conn=None):
-        self.transport, self.reason, self.conn = transport, reason, conn
+    def __init__(self, transport, reason=None, conn=None, preamble=False):
+        self.transport, self.reason, self.conn, self.preamble = transport, reason, conn, preamble
 
 
 def _wait(fd, events, deadline):
@@ -65,7 +67,7 @@ class _Side:
             except (BlockingIOError, InterruptedError):
                 data = None
             if data == b"":
-                return "plain"                         # peer closed before any handshake byte
+                return "eof"                           # peer closed before any handshake byte
             if data:
                 if hs.classify(data) == "no":
                     return "plain"
@@ -149,6 +151,8 @@ class Client(_Side):
         msg = self.read((hs.OP_ACCEPT, hs.OP_DECLINE), deadline)
         if msg is None:
             return None
+        if msg == "eof":
+            return Outcome("tcp", "closed_during_handshake")
         if msg == "plain":
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: the server did not answer with a handshake")
         if msg.nonce != self.nonce:
@@ -189,11 +193,17 @@ class Server(_Side):
         msg = self.read((hs.OP_HELLO,), deadline)
         if msg is None:
             return None
+        if msg == "eof":
+            return Outcome("tcp", "closed_during_handshake")
         if msg == "plain":
             return Outcome("tcp", "peer_not_rdmasock")
         reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
         outcome = self._choose(msg, reply)
-        _sendall(self.sock, reply.pack())
+        outcome.preamble = True
+        try:
+            _sendall(self.sock, reply.pack())
+        except OSError:
+            pass          # the client is gone: the reads that follow report it
         return outcome
 
     def _choose(self, hello, reply):

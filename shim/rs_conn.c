@@ -9,6 +9,17 @@
 #include "rs_conn.h"
 #include "rs_sys.h"
 
+/* A connection without rings: the server declined, but the client's preamble frames must
+ * still be unwrapped before the stream is plain TCP again. */
+rs_conn *rs_conn_new_tcp(int fd)
+{
+    rs_conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->fd = fd;
+    c->rx_pre = 1;
+    return c;
+}
+
 /* Takes ownership of the mapping [base, base+len).  The server consumes ring 0 and
  * produces into ring 1; the client the other way round. */
 rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns)

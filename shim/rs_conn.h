@@ -42,6 +42,8 @@ struct rs_conn {
     uint8_t  fin_sent;        /* our FIN record written: writes fail with EPIPE */
     uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
     uint8_t  shut_rd;
+    uint8_t  rx_pre;          /* server: the client's preamble frames come first (rs_preamble.c) */
+    uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     int      err;             /* sticky error (positive errno), 0 if healthy */
     char     errmsg[RS_ERRMSG_LEN];
 
@@ -59,6 +61,7 @@ struct rs_conn {
 typedef struct rs_conn rs_conn;
 
 /* rs_conn.c */
+rs_conn *rs_conn_new_tcp(int fd);
 rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
 void     rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
@@ -77,6 +80,18 @@ ssize_t  rs_rx_available(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
 void     rs_rx_publish_credit(rs_conn *c, int force);
+
+/* rs_preamble.c: client bytes sent before the server's answer travel as TCP frames */
+#define RS_PRE_HDR          8
+#define RS_PRE_DATA         0xDAu
+#define RS_PRE_SWITCH       0x5Au
+#define RS_PRE_MAX          65536u
+#define RS_PRE_NONBLOCK_MAX 16384u     /* a nonblocking write never waits long for a frame's tail */
+#define RS_PRE_OVER         (-100000)  /* rs_pre_recv: SWITCH consumed, go on with the ring */
+ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
+int      rs_pre_switch(int fd);
+ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+ssize_t  rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms);
 
 /* rs_doorbell.c */
 uint64_t rs_now_ns(void);

@@ -118,6 +118,7 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 /* 1 if recv would return without waiting: data, EOF, or an error to report. */
 int rs_rx_ready(rs_conn *c)
 {
+    if (c->rx_pre || !c->rx_ring) return 0;        /* the kernel socket tells */
     if (c->rx_cur_len || c->fin_seen || c->err) return 1;
     uint8_t dummy;
     rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
@@ -128,6 +129,7 @@ int rs_rx_ready(rs_conn *c)
 /* Payload bytes receivable without waiting (FIONREAD). */
 ssize_t rs_rx_available(rs_conn *c)
 {
+    if (c->rx_pre || !c->rx_ring) return c->pre_left;
     struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
     uint64_t total = cur.cur_len - cur.cur_off;
     if (cur.cur_len) { cur.pos += rs_rec_size(cur.cur_len); cur.seq++; }
@@ -174,13 +176,32 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
     return found;
 }
 
+static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
+{
+    ssize_t got = 0;
+    if (len == 0 || c->shut_rd) return 0;
+    while (c->rx_pre) {
+        ssize_t r = rs_pre_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms);
+        if (r == RS_PRE_OVER) break;
+        if (r <= 0) return got ? got : r;
+        got += r;
+        if ((size_t)got == len || !(flags & RS_MSG_WAITALL) || (flags & RS_MSG_PEEK)) return got;
+    }
+    if ((size_t)got == len) return got;
+    ssize_t r = c->rx_ring ? ring_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms)
+                           : rs_tcp_recv(c->fd, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms);
+    if (r < 0) return got ? got : r;
+    return got + r;
+}
+
+static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
     uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     size_t got = 0;
-    if (len == 0 || c->shut_rd) return 0;
     for (;;) {
         got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
         if (got == len || (got && !waitall)) {

@@ -174,9 +174,7 @@ def test_send_before_accept_then_client_reads():
     srv.close()
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: bytes written before the server answers are queued in the "
-                   "client and flushed at its next call; with nobody calling, the server waits (issue 2 note)")
-def test_send_before_accept_is_queued_like_tcp():
+def test_send_before_accept_reaches_the_server():
     """TCP lets a client write before the server accepts, then do nothing; so must rdmasock."""
     srv = rdmasock.create_server(("127.0.0.1", 0))
     c = rdmasock.create_connection(srv.getsockname())

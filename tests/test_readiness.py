@@ -76,9 +76,6 @@ def test_selectors_nonblocking_echo():
     sel.close()
 
 
-@pytest.mark.xfail(strict=False, reason="known gap (issue 2 note): client writes queued before the server's "
-                   "answer are flushed only at the client's next call; in one event loop nobody calls. Once seen: "
-                   "server app received the HELLO bytes - to investigate")
 def test_asyncio_sock_api():
     async def main():
         loop = asyncio.get_running_loop()

@@ -36,8 +36,6 @@ def drain(sock, read_sizes, out):
     out["got"], out["n"] = h.hexdigest(), total
 
 
-@pytest.mark.xfail(strict=False, reason="OPEN BUG (issue 2 note): duplex with a reader and a writer thread per "
-                   "socket sometimes stalls when the handshake completes while both threads are active")
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a_writes=sizes, b_writes=sizes, a_reads=st.lists(st.integers(1, 1 << 20), min_size=1, max_size=8),
        b_reads=st.lists(st.integers(1, 1 << 20), min_size=1, max_size=8), seed=st.integers(0, 1 << 30))

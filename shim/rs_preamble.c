@@ -1,0 +1,201 @@
+/* rs_preamble.c - bytes a client writes before the server has answered its HELLO.
+ *
+ * The client cannot know yet whether the ring will exist, and must not make the
+ * application wait for the server's first read (a single-threaded program may do
+ * connect, send, accept, recv in that order).  So, between HELLO and the server's answer,
+ * its writes travel on the TCP stream as frames:
+ *
+ *     u8 kind | u8 zero[3] | u32 length (big endian) | payload[length]
+ *
+ * kind 0xDA carries 1..RS_PRE_MAX payload bytes; kind 0x5A (SWITCH, length 0) is the
+ * client's last frame, sent as soon as it has read the answer: after it, the client's data
+ * goes into the ring (ACCEPT) or follows as plain TCP bytes (DECLINE).  The server reads
+ * frames until SWITCH before it looks at the ring, so the order of bytes is kept.
+ * A frame is always written whole, so the server never sees half a header unless the
+ * client died.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include "rs_conn.h"
+#include "rs_sys.h"
+
+static void put_header(uint8_t h[RS_PRE_HDR], uint8_t kind, uint32_t len)
+{
+    h[0] = kind; h[1] = h[2] = h[3] = 0;
+    h[4] = (uint8_t)(len >> 24); h[5] = (uint8_t)(len >> 16); h[6] = (uint8_t)(len >> 8); h[7] = (uint8_t)len;
+}
+
+/* Waits for `events` on fd.  1 ready, 0 timed out (deadline_ns 0 = forever), -errno. */
+static int wait_event(int fd, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        int ms = 1000;
+        if (deadline_ns) {
+            uint64_t now = rs_now_ns();
+            if (now >= deadline_ns) return 0;
+            uint64_t left = (deadline_ns - now) / 1000000u + 1;
+            if (left < 1000) ms = (int)left;
+        }
+        struct pollfd p = { .fd = fd, .events = events };
+        int r = rs_sys_poll(&p, 1, ms);
+        if (r != 0) return r;
+    }
+}
+
+/* Writes the whole of [p, p+n) blocking, whatever the socket's O_NONBLOCK: the rest of a
+ * frame whose first bytes already left must follow before anything else. */
+static int write_rest(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        long r = rs_sys_send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r > 0) { p += r; n -= (size_t)r; continue; }
+        if (r == -EAGAIN || r == -EINTR) { if (wait_event(fd, POLLOUT, 0) < 0) return -EIO; continue; }
+        return (int)r;
+    }
+    return 0;
+}
+
+static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int dontwait)
+{
+    uint8_t h[RS_PRE_HDR];
+    put_header(h, kind, n);
+    struct iovec iov[2] = { { h, RS_PRE_HDR }, { (void *)buf, n } };
+    struct msghdr m = { .msg_iov = iov, .msg_iovlen = n ? 2 : 1 };
+    long r = syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
+    if (r < 0) return -errno;
+    size_t total = RS_PRE_HDR + (size_t)n;
+    if ((size_t)r < total) {
+        int e;
+        if ((size_t)r < RS_PRE_HDR) {
+            e = write_rest(fd, h + r, RS_PRE_HDR - (size_t)r);
+            if (!e) e = write_rest(fd, buf, n);
+        } else {
+            e = write_rest(fd, (const uint8_t *)buf + (r - RS_PRE_HDR), total - (size_t)r);
+        }
+        if (e < 0) return e;
+    }
+    return 0;
+}
+
+/* Sends up to RS_PRE_MAX bytes of buf as one DATA frame.  Returns the payload bytes
+ * taken, or -errno (-EAGAIN: nonblocking and the socket had no room at all). */
+ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms)
+{
+    if (len == 0) return 0;
+    uint32_t n = len > RS_PRE_MAX ? RS_PRE_MAX : (uint32_t)len;
+    if (nonblock) {
+        /* Only start a frame the socket can take at once (the rest is then short). */
+        struct pollfd p = { .fd = fd, .events = POLLOUT };
+        if (rs_sys_poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) return -EAGAIN;
+        if (n > RS_PRE_NONBLOCK_MAX) n = RS_PRE_NONBLOCK_MAX;
+    } else if (timeout_ms > 0) {
+        int r = wait_event(fd, POLLOUT, rs_now_ns() + (uint64_t)timeout_ms * 1000000u);
+        if (r == 0) return -EAGAIN;
+        if (r < 0) return r;
+    }
+    long r = send_frame(fd, RS_PRE_DATA, buf, n, nonblock);
+    return r < 0 ? r : (ssize_t)n;
+}
+
+/* The client's last frame. */
+int rs_pre_switch(int fd)
+{
+    return (int)send_frame(fd, RS_PRE_SWITCH, NULL, 0, 0);
+}
+
+/* Server side, while c->rx_pre: reads the next frame header.  1 = a DATA frame is open
+ * (c->pre_left set) or SWITCH was seen (c->rx_pre cleared), 0 = EOF before a header,
+ * -errno otherwise (-EAGAIN: not there yet). */
+static int read_header(rs_conn *c)
+{
+    uint8_t h[RS_PRE_HDR];
+    long n = rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return 0;
+    if (n < 0) return (int)n;
+    if (n < RS_PRE_HDR) {
+        /* Frames are written whole: the rest is in flight (or the client died). */
+        struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame header");
+            return -ECONNRESET;
+        }
+        return -EAGAIN;
+    }
+    uint32_t len = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
+    int ok = h[1] == 0 && h[2] == 0 && h[3] == 0 &&
+             ((h[0] == RS_PRE_DATA && len >= 1 && len <= RS_PRE_MAX) || (h[0] == RS_PRE_SWITCH && len == 0));
+    if (!ok) {
+        rs_conn_set_error(c, EPROTO, "rdmasock: garbage preamble frame (kind 0x%02x, length %u)", h[0], len);
+        return -EPROTO;
+    }
+    rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
+    if (h[0] == RS_PRE_SWITCH) c->rx_pre = 0;
+    else c->pre_left = len;
+    return 1;
+}
+
+/* Reads preamble payload into buf.  Returns bytes (> 0), 0 at EOF, -errno, or
+ * RS_PRE_OVER once SWITCH has been consumed (the caller goes on with the ring). */
+ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
+{
+    int peek = flags & RS_MSG_PEEK;
+    int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
+    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    if (c->err) return -c->err;
+    for (;;) {
+        long r;
+        if (c->pre_left == 0) {
+            r = read_header(c);
+            if (r == 1) {
+                if (!c->rx_pre) return RS_PRE_OVER;
+                continue;
+            }
+            if (r == 0) return 0;
+        } else {
+            size_t want = len < c->pre_left ? len : c->pre_left;
+            r = rs_sys_recv(c->fd, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
+            if (r > 0) {
+                if (!peek) c->pre_left -= (uint32_t)r;
+                return r;
+            }
+            if (r == 0) {
+                rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
+                return -ECONNRESET;
+            }
+        }
+        if (r != -EAGAIN) return r;
+        if (nonblock) return -EAGAIN;
+        int w = wait_event(c->fd, POLLIN, deadline);
+        if (w == 0) return -EAGAIN;
+        if (w < 0) return w;
+        if (c->pre_left == 0) {            /* a partial header: let the rest arrive */
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* recv on a plain TCP socket with the data path's flag and timeout conventions (the
+ * Python API keeps sockets with a timeout in O_NONBLOCK mode). */
+ssize_t rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms)
+{
+    int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
+    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    size_t got = 0;
+    for (;;) {
+        long r = rs_sys_recv(fd, (uint8_t *)buf + got, len - got, (flags & (RS_MSG_PEEK | RS_MSG_WAITALL)) | MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+            if (got == len || !(flags & RS_MSG_WAITALL) || (flags & RS_MSG_PEEK)) return (ssize_t)got;
+            continue;
+        }
+        if (r == 0) return (ssize_t)got;
+        if (r != -EAGAIN) return got ? (ssize_t)got : r;
+        if (nonblock) return got ? (ssize_t)got : -EAGAIN;
+        int w = wait_event(fd, POLLIN, deadline);
+        if (w == 0) return got ? (ssize_t)got : -EAGAIN;
+        if (w < 0) return got ? (ssize_t)got : w;
+    }
+}
