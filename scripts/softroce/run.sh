@@ -13,6 +13,7 @@
 #   --env-file FILE       NAME=VALUE lines (no quoting; '#' comments) for CMD
 #   --timeout SECONDS     limit for CMD inside the guest (default $SOFTROCE_TIMEOUT or 900);
 #                         the VM as a whole is killed SECONDS+180 s after it starts
+#                         ($SOFTROCE_BOOT_MARGIN overrides the 180)
 #   --mem MB, --smp N     guest size (default 2048 MB, 2 vCPUs)
 #   --keep                keep the job directory (.cache/softroce/jobs/...) for inspection
 #   --quiet               print only CMD's output (no boot/exit markers, no kernel messages)
@@ -71,7 +72,11 @@ INITRD=$("$HERE/build-initramfs.sh") || die "cannot build the initramfs" 3
 # The job directory lives inside the repository, which the guest mounts read-write.
 mkdir -p "$REPO/.cache/softroce/jobs"
 JOB=$(mktemp -d "$REPO/.cache/softroce/jobs/job.XXXXXX") || die "cannot create a job directory"
-cleanup() { [ -n "${QPID:-}" ] && kill "$QPID" 2>/dev/null; [ "$KEEP" = 1 ] || rm -rf "$JOB"; }
+cleanup() {
+  local pid; pid=$(cat "$JOB/qemu.pid" 2>/dev/null)
+  [ -n "$pid" ] && [ ! -f "$JOB/qemu.rc" ] && kill "$pid" 2>/dev/null
+  [ "$KEEP" = 1 ] || rm -rf "$JOB"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }   # POSIX sh single quoting
@@ -89,24 +94,24 @@ case "$PWD/" in "$REPO"/*) CWD=$PWD ;; *) CWD=$REPO ;; esac
   echo
 } > "$JOB/job.sh"
 
-HARD=$((TIMEOUT + 180))
-T0=$(date +%s%N)
-# stdout of QEMU = the guest's serial console: CMD's output plus "rs-guest:" markers.
-timeout -k 5 "$HARD" "$QEMU" -accel "${SOFTROCE_ACCEL:-tcg,thread=multi}" -cpu max -m "$MEM" -smp "$SMP" \
-  -nographic -no-reboot -nic none -kernel "$KERNEL" -initrd "$INITRD" \
-  -append "console=ttyS0 loglevel=3 edd=off panic=-1 rs.work=$REPO rs.job=$JOB" \
-  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-  -virtfs "local,path=$REPO,mount_tag=work,security_model=none,multidevs=remap" \
-  < /dev/null > "$JOB/console" 2>&1 &
-QPID=$!
-# Stream the console while the guest runs (without the firmware's escape sequences).
+HARD=$((TIMEOUT + ${SOFTROCE_BOOT_MARGIN:-180}))
 FILTER='/^SeaBIOS /d; /^Booting from ROM/d'
 [ "$QUIET" = 1 ] && FILTER="$FILTER; /^rs-guest: /d; /^\[ *[0-9.]*\] /d"
-tail -n +1 --pid="$QPID" -f "$JOB/console" 2>/dev/null | sed -u -e 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g; s/\r//g' -e "$FILTER" &
-TPID=$!
-wait "$QPID"; QRC=$?
-QPID=
-wait "$TPID"
+T0=$(date +%s%N)
+# QEMU's stdout is the guest's serial console: CMD's output plus "rs-guest:" markers.  It is
+# kept in the job directory and shown live without the firmware's escape sequences.
+(
+  timeout -k 5 "$HARD" "$QEMU" -accel "${SOFTROCE_ACCEL:-tcg,thread=multi}" -cpu max -m "$MEM" -smp "$SMP" \
+    -nographic -no-reboot -nic none -kernel "$KERNEL" -initrd "$INITRD" \
+    -append "console=ttyS0 loglevel=3 edd=off panic=-1 rs.work=$REPO rs.job=$JOB" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$REPO,mount_tag=work,security_model=none,multidevs=remap" < /dev/null 2>&1 &
+  echo $! > "$JOB/qemu.pid"
+  wait $!
+  echo $? > "$JOB/qemu.rc"
+) | tee "$JOB/console" | sed -u -e 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g; s/\r//g' -e "$FILTER" &
+wait $!
+QRC=$(cat "$JOB/qemu.rc" 2>/dev/null)
 WALL_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
 if [ ! -f "$JOB/rc" ]; then
   if [ "$QRC" = 124 ] || [ "$QRC" = 137 ]; then why="killed after the hard timeout of $HARD s"; else why="qemu exit status $QRC"; fi
