@@ -16,6 +16,7 @@ from ._native import ffi, lib
 
 _base = _socket.socket
 _detached = {}         # fd -> state of an upgraded socket whose object was detach()ed
+PRELOADED = False      # set by the preload engine: it upgrades every socket of the process
 
 _NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
 _RBUF_SIZE = 65536
@@ -264,7 +265,7 @@ class socket(_base):
         host, port = address[0], address[1]
         infos = _socket.getaddrinfo(host, port, self.family, _socket.SOCK_STREAM)
         sockaddr = infos[0][4] if infos else address
-        if self._conn is not None or self._hs is not None:
+        if self._conn is not None or self._hs is not None or PRELOADED:
             return sockaddr, None
         reason = None
         if cfg.disabled:
@@ -335,7 +336,7 @@ class socket(_base):
         else:
             _base.listen(self, backlog)
         cfg = config.get()
-        if self._lmarker is None and not cfg.disabled and "shm" in cfg.transports \
+        if self._lmarker is None and not cfg.disabled and not PRELOADED and "shm" in cfg.transports \
                 and self.getsockname()[1] not in cfg.exclude_ports:
             self._lmarker = rendezvous.register_listener(self.getsockname(), self._wildcard_kind())
 
@@ -353,7 +354,9 @@ class socket(_base):
         cfg = config.get()
         # The client's own registration decides, not ours: with SO_REUSEPORT another
         # listener may hold the listener name, and its clients still send a HELLO.
-        if cfg.disabled or "shm" not in cfg.transports or self.getsockname()[1] in cfg.exclude_ports:
+        if PRELOADED:
+            pass                                  # the preloaded engine handles this socket
+        elif cfg.disabled or "shm" not in cfg.transports or self.getsockname()[1] in cfg.exclude_ports:
             sock.fallback_reason = "disabled" if cfg.disabled else "excluded"
             sock._log("server")
         elif not rendezvous.client_exists(addr[0], addr[1]):

@@ -1,4 +1,4 @@
-"""rdmasock command line: doctor, demo, bench (more commands come with LD_PRELOAD)."""
+"""rdmasock command line: run, preload-path, stat, doctor, demo, bench."""
 import argparse
 import os
 import subprocess
@@ -26,6 +26,28 @@ def doctor(_args):
     return 0
 
 
+def preload_path():
+    """The LD_PRELOAD library built next to this package."""
+    path = os.path.join(HERE, "librdmasock.so")
+    if not os.path.exists(path):
+        sys.exit("rdmasock: %s is missing (reinstall: pip install .)" % path)
+    return path
+
+
+def run(args):
+    """Runs a command with the library preloaded (exec: the command keeps our pid)."""
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        sys.exit("usage: rdmasock run -- COMMAND [ARGS...]")
+    env = dict(os.environ)
+    lib = preload_path()
+    env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        sys.exit("rdmasock run: %s: %s" % (cmd[0], exc.strerror))
+
+
 def _bench_script(name):
     path = os.path.join(REPO, "bench", name)
     if not os.path.exists(path):
@@ -36,6 +58,9 @@ def _bench_script(name):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="rdmasock")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a command with rdmasock preloaded")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("preload-path", help="print the path of librdmasock.so")
     sub.add_parser("doctor", help="what this machine can use")
     sub.add_parser("demo", help="ping-pong: TCP vs rdmasock")
     b = sub.add_parser("bench", help="core benchmark (ping-pong and stream)")
@@ -43,6 +68,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cmd == "doctor":
         return doctor(args)
+    if args.cmd == "run":
+        return run(args)
+    if args.cmd == "preload-path":
+        print(preload_path())
+        return 0
     script = _bench_script("demo.py" if args.cmd == "demo" else "core.py")
     return subprocess.call([sys.executable, script] + getattr(args, "rest", []))
 

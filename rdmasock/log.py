@@ -24,6 +24,21 @@ def connection(role, local, peer, transport, reason=None):
         pass
 
 
+def line(text):
+    """Appends one free-form line (diagnostics) to the log file, if one is configured."""
+    path = config.get().log_file
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, ("%s pid=%d %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), text)).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _fmt(addr):
     if isinstance(addr, tuple) and len(addr) >= 2:
         host = addr[0]

@@ -110,6 +110,7 @@ int rs_rx_go_idle(rs_conn *c) { return go_idle(c, 1); }
 void rs_rx_tidy(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
+    if (c->rx_pre || !c->rx_ring) return;
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
     if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);
@@ -118,6 +119,7 @@ void rs_rx_tidy(rs_conn *c)
 static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
+    if (c->rx_pre || !c->rx_ring) return 0;     /* preamble bytes on the socket are data */
     if (check) rs_rx_publish_credit(c, 1);      /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check

@@ -1,0 +1,257 @@
+"""The control plane inside a preloaded program (librdmasock.so, shim/preload/).
+
+The C front calls these functions (through the cffi-embedded rdmasock._engine library)
+only at connection set-up and teardown: register a listener, plan a connect, take an
+accepted socket, advance a handshake.  The data path never enters Python.  Handshakes use
+the same state machines as the Python API (upgrade.py); the descriptors belong to the
+application, so the engine works on duplicates it closes itself."""
+import errno
+import os
+import socket as _socket
+import time
+
+from . import config, handshake as hs, log, rendezvous, upgrade
+from ._native import ffi, lib
+
+STEP_PENDING, STEP_RING, STEP_TCP, STEP_PRE_RX, STEP_CONNECTING = 0, 1, 2, 3, 4
+
+_listeners = {}        # app fd -> rendezvous marker socket
+_handshakes = {}       # handle -> _Handshake
+_conns = {}            # conn address -> (role, local, peer) for the close log
+_next = [1]
+
+
+class AppSocket(_socket.socket):
+    """A socket object over a duplicate of the application's descriptor (same open
+    file); fileno() answers the application's number, which the C connection keeps."""
+
+    def __init__(self, app_fd):
+        super().__init__(fileno=os.dup(app_fd))
+        self.app_fd = app_fd
+
+    def fileno(self):
+        return self.app_fd
+
+
+class _Handshake:
+    def __init__(self, sock, side, role):
+        self.sock, self.side, self.role = sock, side, role
+
+    def close(self):
+        self.side.close()
+        self.sock.close()
+
+
+def _new_handle(h):
+    n = _next[0]
+    _next[0] = n + 1 if n < 0x7FFFFFF0 else 1
+    _handshakes[n] = h
+    return n
+
+
+def _log(role, sock, transport, reason):
+    try:
+        local, peer = sock.getsockname(), sock.getpeername()
+    except OSError:
+        local, peer = None, None
+    log.connection(role, local, peer, transport, reason)
+
+
+def _wildcard_kind(sock):
+    if sock.family == _socket.AF_INET:
+        return "*4"
+    v6only = sock.getsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
+    return "*6" if v6only else "*46"
+
+
+def listen(fd):
+    cfg = config.get()
+    if cfg.disabled or "shm" not in cfg.transports:
+        return 0
+    s = AppSocket(fd)
+    try:
+        name = s.getsockname()
+        if name[1] in cfg.exclude_ports:
+            return 0
+        marker = rendezvous.register_listener(name, _wildcard_kind(s))
+    finally:
+        s.close()
+    if marker is None:
+        return 0
+    old = _listeners.pop(fd, None)
+    if old is not None:
+        old.close()
+    _listeners[fd] = marker
+    return 1
+
+
+def unlisten(fd):
+    m = _listeners.pop(fd, None)
+    if m is not None:
+        m.close()
+
+
+def connect_plan(fd, sockaddr_bytes):
+    """Before the application's connect: offer an upgrade?  Returns a handle or 0."""
+    cfg = config.get()
+    s = AppSocket(fd)
+    try:
+        family = s.family
+        addr = _socket_address(family, sockaddr_bytes)
+        reason = None
+        if cfg.disabled:
+            reason = "disabled"
+        elif addr[1] in cfg.exclude_ports:
+            reason = "excluded"
+        elif "shm" not in cfg.transports:
+            reason = "no_common_transport"
+        elif not rendezvous.listener_exists(addr[0], addr[1]):
+            reason = "peer_not_rdmasock"
+        if reason is None:
+            local = s.getsockname()
+            if local[1] == 0:
+                ip = addr[0]
+                if rendezvous.norm_ip(ip) == "*":
+                    ip = "127.0.0.1" if family == _socket.AF_INET else "::1"
+                try:
+                    s.bind((ip, 0) + tuple(addr[2:]))
+                except OSError as exc:
+                    if not rendezvous.is_local_bind_error(exc):
+                        raise
+                    reason = "not_local"
+                local = s.getsockname()
+            elif rendezvous.norm_ip(local[0]) == "*":
+                reason = "excluded"
+        marker = None
+        if reason is None:
+            marker = rendezvous.register_client(local[0], local[1])
+            if marker is None:
+                reason = "marker_busy"
+        if reason is not None:
+            s.close()
+            log.connection("client", None, addr, "tcp", reason)
+            return 0
+    except BaseException:
+        s.close()
+        raise
+    return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client"))
+
+
+def _socket_address(family, raw):
+    """(host, port[, flowinfo, scope]) from a struct sockaddr."""
+    import struct
+    if family == _socket.AF_INET:
+        port = struct.unpack_from(">H", raw, 2)[0]
+        return _socket.inet_ntop(_socket.AF_INET, raw[4:8]), port
+    port, flow = struct.unpack_from(">HI", raw, 2)
+    scope = struct.unpack_from("<I", raw, 24)[0] if len(raw) >= 28 else 0
+    return _socket.inet_ntop(_socket.AF_INET6, raw[8:24]), port, flow, scope
+
+
+def hello(handle):
+    h = _handshakes.get(handle)
+    if h is not None and not h.side.hello_sent:
+        h.side.start()
+
+
+def accept(lfd, fd):
+    """An accepted socket: its client registered a rendezvous name, so a HELLO follows."""
+    cfg = config.get()
+    if cfg.disabled:
+        return 0
+    s = AppSocket(fd)
+    try:
+        peer = s.getpeername()
+        if not rendezvous.client_exists(peer[0], peer[1]):
+            s.close()
+            return 0
+    except OSError:
+        s.close()
+        return 0
+    return _new_handle(_Handshake(s, upgrade.Server(s), "server"))
+
+
+def drop(handle):
+    h = _handshakes.pop(handle, None)
+    if h is not None:
+        h.close()
+
+
+def step(handle, wait_ms, out):
+    """Advances a handshake.  Returns a STEP_* code (out[0] = C connection address for
+    STEP_RING and STEP_PRE_RX) or -errno when the handshake failed."""
+    h = _handshakes.get(handle)
+    if h is None:
+        return STEP_TCP
+    deadline = None if wait_ms == 0 else float("inf") if wait_ms < 0 else time.monotonic() + wait_ms / 1000
+    side = h.side
+    try:
+        if isinstance(side, upgrade.Client) and not side.hello_sent and not side.connected(None):
+            if deadline is None:
+                return STEP_CONNECTING
+            if not side.connected(deadline):
+                return STEP_CONNECTING
+        outcome = side.step(deadline)
+    except hs.HandshakeError as exc:
+        _finish(handle, h, "tcp", exc.reason)
+        return -errno.EPROTO
+    except OSError as exc:
+        _finish(handle, h, "tcp", "handshake_garbage")
+        return -(exc.errno or errno.EIO)
+    if outcome is None:
+        return STEP_PENDING
+    fd = h.sock.app_fd
+    code = STEP_TCP
+    if h.role == "client":
+        if outcome.reason != "closed_during_handshake":
+            lib.rs_pre_switch(fd)
+        if outcome.conn is not None:
+            code = STEP_RING
+    elif outcome.preamble:
+        if outcome.conn is not None:
+            outcome.conn.rx_pre = 1
+            code = STEP_RING
+        else:
+            pre = lib.rs_conn_new_tcp(fd)
+            if pre == ffi.NULL:
+                _finish(handle, h, "tcp", "shm_unavailable")
+                return -errno.ENOMEM
+            out[0] = int(ffi.cast("uintptr_t", pre))
+            code = STEP_PRE_RX
+    if code == STEP_RING:
+        ffi.gc(outcome.conn, None)                   # from now on C owns it (rs_conn_free)
+        out[0] = int(ffi.cast("uintptr_t", outcome.conn))
+    _finish(handle, h, outcome.transport, outcome.reason, out[0] if code == STEP_RING else None)
+    return code
+
+
+def _finish(handle, h, transport, reason, conn_addr=None):
+    _handshakes.pop(handle, None)
+    try:
+        local, peer = h.sock.getsockname(), h.sock.getpeername()
+    except OSError:
+        local, peer = None, None
+    log.connection(h.role, local, peer, transport, reason)
+    if conn_addr is not None:
+        _conns[conn_addr] = (h.role, local, peer)
+    h.close()
+
+
+def closed(fd, conn_addr):
+    _conns.pop(conn_addr, None)
+
+
+def internal_error(exc, val, tb):
+    """An exception escaped the engine: the connection falls back or reports EPROTO;
+    the traceback goes to the log file (if any), never to the program's stderr."""
+    import traceback
+    log.line("engine error: " + " | ".join("".join(traceback.format_exception(exc, val, tb)).splitlines()))
+
+
+def _set_up():
+    """Marks the process as preloaded: rdmasock.socket() then stays out of the way."""
+    from . import api
+    api.PRELOADED = True
+
+
+_set_up()

@@ -1,0 +1,164 @@
+/* rs_bridge.c - loads the Python engine (control plane) on first need and calls it.
+ *
+ * The engine is a separate library (rdmasock/_engine*.so, built by cffi) so a process
+ * that never uses an INET stream socket never loads libpython.  Every call into it runs
+ * with rs_in_engine set: the engine's own socket calls then pass straight through our
+ * hooks, and errno is preserved for the application.
+ */
+#include "rs_preload.h"
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
+
+__thread int rs_in_engine;
+
+static struct {
+    int (*boot)(char *why, int whylen);
+    int (*listen)(int);
+    void (*unlisten)(int);
+    int (*connect_plan)(int, const void *, int);
+    void (*hello)(int);
+    int (*accept)(int, int);
+    void (*drop)(int);
+    void (*closed)(int, uintptr_t);
+    int (*step)(int, int, uintptr_t *);
+} eng;
+static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
+static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Without an engine nothing can be logged through it: one line, straight to the log
+ * file the user asked for (never stdout/stderr). */
+static void log_unusable(const char *why)
+{
+    const char *path = getenv("RDMASOCK_LOG_FILE");
+    if (!path || !*path) return;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    char line[512];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d pid=%d engine=unavailable transport=tcp reason=%s\n",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), why);
+    if (n > 0) { ssize_t w = rs_real.write(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1); (void)w; }
+    rs_real.close(fd);
+}
+
+static int env_true(const char *name)
+{
+    const char *v = getenv(name);
+    return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
+}
+
+static void engine_load(void)
+{
+    char why[256] = "engine_failed";
+    eng_state = -1;
+    if (env_true("RDMASOCK_DISABLE")) return;               /* never start Python */
+    /* A Python host of another minor version cannot share its interpreter with ours. */
+    const char *(*host_version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
+    if (host_version && strncmp(host_version(), RS_PY_VERSION ".", strlen(RS_PY_VERSION) + 1)) {
+        log_unusable("python_version_mismatch");
+        return;
+    }
+    Dl_info info;
+    if (!dladdr((void *)rs_real_init, &info) || !info.dli_fname) { log_unusable("engine_not_found"); return; }
+    char path[4096];
+    const char *slash = strrchr(info.dli_fname, '/');
+    int dirlen = slash ? (int)(slash - info.dli_fname) : 1;
+    snprintf(path, sizeof path, "%.*s/%s", dirlen, slash ? info.dli_fname : ".", RS_ENGINE_FILE);
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) { log_unusable("engine_not_loadable"); return; }
+#define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
+    SYM(boot, "rse_boot"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
+    SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
+    SYM(drop, "rse_drop"); SYM(closed, "rse_closed"); SYM(step, "rse_step");
+    if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
+        !eng.drop || !eng.closed || !eng.step) { log_unusable("engine_incomplete"); return; }
+    if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
+    eng_state = 1;
+}
+
+int rs_engine_ready(void)
+{
+    int s = __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE);
+    if (s) return s > 0;
+    if (rs_in_engine) return 0;
+    int e = errno;
+    rs_in_engine = 1;
+    pthread_mutex_lock(&eng_lock);
+    if (!eng_state) engine_load();
+    pthread_mutex_unlock(&eng_lock);
+    rs_in_engine = 0;
+    errno = e;
+    return eng_state > 0;
+}
+
+int rs_engine_loaded(void) { return __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE) > 0; }
+
+#define CALL(expr) do { int e_ = errno; rs_in_engine = 1; expr; rs_in_engine = 0; errno = e_; } while (0)
+
+int rs_br_listen(int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.listen(fd)); return r; }
+void rs_br_unlisten(int fd) { if (rs_engine_loaded()) CALL(eng.unlisten(fd)); }
+int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    int r = 0;
+    if (rs_engine_ready()) CALL(r = eng.connect_plan(fd, sa, (int)len));
+    return r;
+}
+void rs_br_hello(int handle) { if (rs_engine_loaded()) CALL(eng.hello(handle)); }
+int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.accept(lfd, fd)); return r; }
+void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
+void rs_br_closed(int fd, rs_conn *c) { if (rs_engine_loaded()) CALL(eng.closed(fd, (uintptr_t)c)); }
+
+/* Engine step results (rdmasock/engine.py) */
+#define STEP_PENDING   0
+#define STEP_RING      1
+#define STEP_TCP       2
+#define STEP_PRE_RX    3
+#define STEP_CONNECTING 4
+
+int rs_step(int fd, struct rs_link *l, int wait_ms)
+{
+    if (l->state != RS_CLIENT_HS && l->state != RS_SERVER_HS) return 1;
+    if (!rs_engine_loaded()) { l->state = RS_PLAIN; return 1; }
+    pthread_mutex_lock(&l->lock);
+    int r = 1;
+    if (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS) {
+        uintptr_t out = 0;
+        int e = errno;
+        rs_in_engine = 1;
+        int s = eng.step(l->handle, wait_ms, &out);
+        rs_in_engine = 0;
+        errno = e;
+        if (s < 0) {
+            l->state = RS_BROKEN;
+            l->err = -s;
+        } else if (s == STEP_RING) {
+            rs_conn *c = (rs_conn *)out;
+            int one = 1;
+            socklen_t sl = sizeof one;
+            int v = 0;
+            if (rs_real.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) l->app_nodelay = v != 0;
+            rs_real.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            l->conn = c;
+            __atomic_store_n(&l->state, RS_RING, __ATOMIC_RELEASE);
+        } else if (s == STEP_PRE_RX) {
+            l->conn = (rs_conn *)out;
+            __atomic_store_n(&l->state, RS_PRE_RX, __ATOMIC_RELEASE);
+        } else if (s == STEP_TCP) {
+            __atomic_store_n(&l->state, RS_PLAIN, __ATOMIC_RELEASE);
+        } else {
+            r = 0;
+            l->hello_pending = s == STEP_CONNECTING;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    return r;
+}

@@ -1,0 +1,406 @@
+/* rs_hooks_wait.c - poll, ppoll, select, pselect, epoll on upgraded sockets.
+ *
+ * The kernel already tells the truth about readability: a consumer with unconsumed
+ * records and nobody in recv always has a doorbell byte pending (rs_doorbell.c).  What
+ * the kernel cannot see is the ring itself, so these hooks (1) answer from the ring
+ * first, (2) spin on it for a bounded budget before sleeping, since the peer is often
+ * about to answer, (3) arm the doorbells (rs_rx_go_idle) before sleeping in the kernel,
+ * and (4) report POLLOUT from ring credit rather than from the TCP socket, sleeping on
+ * the credit doorbell while the ring is full.
+ */
+#include "rs_preload.h"
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t spin_ns = 50000;
+static __thread uint64_t spin_cur = 50000;   /* adaptive, <= spin_ns (see rs_consume.c) */
+
+/* Spins share the CPU: after a short pure spin, every round yields, so a peer on the
+ * same CPU runs; the budget halves when a spin found nothing and doubles when it did. */
+#define PURE_SPIN_NS 2000u
+static inline void spin_pause(uint64_t started)
+{
+    if (rs_now_ns() - started > PURE_SPIN_NS) sched_yield();
+    else rs_relax();
+}
+static inline uint64_t spin_budget(void) { return spin_cur < spin_ns ? spin_cur : spin_ns; }
+static inline void spin_result(int found)
+{
+    if (found) spin_cur = spin_cur * 2 > spin_ns ? spin_ns : (spin_cur ? spin_cur * 2 : 1000);
+    else if (spin_cur > spin_ns / 64 + 500) spin_cur /= 2;
+}
+
+__attribute__((constructor)) static void wait_init(void)
+{
+    const char *v = getenv("RDMASOCK_SPIN_US");
+    if (v && *v) spin_ns = strtoull(v, NULL, 10) * 1000u;
+    spin_cur = spin_ns;
+}
+
+static inline struct rs_link *ring_link(int fd)
+{
+    struct rs_link *l = rs_link_of(fd);
+    return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING ? l : NULL;
+}
+
+static short ring_revents(rs_conn *c, short events)
+{
+    short r = 0;
+    if (c->err) r |= POLLERR;
+    if (c->tcp_eof) r |= POLLHUP;
+    if ((events & (POLLIN | POLLRDNORM)) && rs_rx_ready(c)) r |= events & (POLLIN | POLLRDNORM);
+    if ((events & POLLRDHUP) && (c->fin_seen || c->tcp_eof)) r |= POLLRDHUP;
+    if ((events & (POLLOUT | POLLWRNORM)) && rs_tx_writable(c)) r |= events & (POLLOUT | POLLWRNORM);
+    return r;
+}
+
+/* Arms one upgraded socket for a kernel sleep.  Returns 1 if it is ready after all. */
+static int arm(rs_conn *c, short events)
+{
+    int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
+    if ((events & (POLLOUT | POLLWRNORM)) && !rs_tx_writable(c)) {
+        __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+        if (rs_tx_writable(c)) ready = 1;
+    }
+    return ready || c->err || c->tcp_eof;
+}
+
+static int kernel_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    if (!mask) return rs_real.poll(fds, n, timeout_ms);
+    struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
+    return rs_real.ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, mask);
+}
+
+static uint64_t now_ns(void) { return rs_now_ns(); }
+
+/* The upgraded entries of fds get their readiness from the ring; the rest from the
+ * kernel (asked with a zero timeout).  Returns the number of ready entries. */
+static int collect(struct pollfd *fds, nfds_t n, struct rs_link **links, short *want)
+{
+    int k = kernel_poll(fds, n, 0, NULL);
+    if (k < 0) return k;
+    int ready = 0;
+    for (nfds_t i = 0; i < n; i++) {
+        if (links[i]) fds[i].revents = ring_revents(links[i]->conn, want[i]);
+        if (fds[i].revents) ready++;
+    }
+    return ready;
+}
+
+#define POLL_STACK 256
+
+static int poll_common(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    struct rs_link *lbuf[POLL_STACK], **links = lbuf;
+    short wbuf[POLL_STACK], *want = wbuf;
+    nfds_t nring = 0;
+    for (nfds_t i = 0; i < n; i++)
+        if (ring_link(fds[i].fd)) nring++;
+    if (!nring) return kernel_poll(fds, n, timeout_ms, mask);
+    if (n > POLL_STACK) {
+        links = malloc(n * sizeof *links);
+        want = malloc(n * sizeof *want);
+        if (!links || !want) { free(links); free(want); return kernel_poll(fds, n, timeout_ms, mask); }
+    }
+    for (nfds_t i = 0; i < n; i++) {
+        links[i] = ring_link(fds[i].fd);
+        want[i] = fds[i].events;
+        if (links[i]) fds[i].events = POLLIN | POLLRDHUP;   /* doorbells (data and credit) */
+    }
+    uint64_t start = now_ns();
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+    int r;
+    for (;;) {
+        /* answer from the ring first; spin while the peer is likely to answer soon */
+        uint64_t t0 = now_ns(), spin_end = t0 + spin_budget();
+        if (spin_end > deadline) spin_end = deadline;
+        for (unsigned it = 0;; it++) {
+            int any = 0;
+            for (nfds_t i = 0; i < n && !any; i++)
+                if (links[i] && ring_revents(links[i]->conn, want[i])) any = 1;
+            if (any || (it & 15) == 15) {
+                r = collect(fds, n, links, want);
+                if (r != 0) { if (timeout_ms) spin_result(1); goto out; }
+            }
+            if (now_ns() >= spin_end) break;
+            spin_pause(t0);
+        }
+        if (timeout_ms) spin_result(0);
+        if (timeout_ms == 0 || now_ns() >= deadline) { r = collect(fds, n, links, want); goto out; }
+        int armed_ready = 0;
+        for (nfds_t i = 0; i < n; i++)
+            if (links[i] && arm(links[i]->conn, want[i])) armed_ready = 1;
+        if (armed_ready) { r = collect(fds, n, links, want); if (r) goto out; continue; }
+        int ms = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t t = now_ns();
+            ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
+        }
+        r = kernel_poll(fds, n, ms, mask);
+        if (r < 0) goto out;
+        r = collect(fds, n, links, want);
+        if (r || now_ns() >= deadline) goto out;
+        /* only a stale doorbell or a credit that is not enough yet: sleep again */
+    }
+out:
+    for (nfds_t i = 0; i < n; i++)
+        if (links[i]) fds[i].events = want[i];
+    if (links != lbuf) { free(links); free(want); }
+    return r;
+}
+
+RS_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout_ms)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_nlinks || rs_in_engine) return rs_real.poll(fds, n, timeout_ms);
+    return poll_common(fds, n, timeout_ms, NULL);
+}
+
+RS_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout_ms, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n) abort();
+    return poll(fds, n, timeout_ms);
+}
+
+static int ts_ms(const struct timespec *ts)
+{
+    if (!ts) return -1;
+    long long ms = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+RS_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_nlinks || rs_in_engine) return rs_real.ppoll(fds, n, ts, mask);
+    int any = 0;
+    for (nfds_t i = 0; i < n && !any; i++) any = ring_link(fds[i].fd) != NULL;
+    if (!any) return rs_real.ppoll(fds, n, ts, mask);
+    return poll_common(fds, n, ts_ms(ts), mask);
+}
+
+/* select/pselect become a poll when an upgraded socket is in the sets. */
+static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e, int timeout_ms, const sigset_t *mask, int *handled)
+{
+    *handled = 0;
+    if (nfds > FD_SETSIZE) nfds = FD_SETSIZE;
+    int any = 0;
+    for (int fd = 0; fd < nfds && !any; fd++)
+        if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w))) && ring_link(fd)) any = 1;
+    if (!any) return 0;
+    *handled = 1;
+    struct pollfd p[FD_SETSIZE];
+    nfds_t n = 0;
+    for (int fd = 0; fd < nfds; fd++) {
+        short ev = 0;
+        if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+        if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+        if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
+        if (ev) { p[n].fd = fd; p[n].events = ev; p[n].revents = 0; n++; }
+    }
+    int rc = poll_common(p, n, timeout_ms, mask);
+    if (rc < 0) return rc;
+    if (r) FD_ZERO(r);
+    if (w) FD_ZERO(w);
+    if (e) FD_ZERO(e);
+    int count = 0;
+    for (nfds_t i = 0; i < n; i++) {
+        short re = p[i].revents;
+        if (re & POLLNVAL) { errno = EBADF; return -1; }
+        if (r && (re & (POLLIN | POLLHUP | POLLERR)) && (p[i].events & POLLIN)) { FD_SET(p[i].fd, r); count++; }
+        if (w && (re & (POLLOUT | POLLERR)) && (p[i].events & POLLOUT)) { FD_SET(p[i].fd, w); count++; }
+        if (e && (re & POLLPRI)) { FD_SET(p[i].fd, e); count++; }
+    }
+    return count;
+}
+
+RS_EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (rs_nlinks && !rs_in_engine) {
+        int handled;
+        int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+        int rc = select_common(nfds, r, w, e, ms, NULL, &handled);
+        if (handled) {
+            if (tv && rc >= 0) tv->tv_sec = tv->tv_usec = 0;   /* Linux updates the timeout */
+            return rc;
+        }
+    }
+    return rs_real.select(nfds, r, w, e, tv);
+}
+
+RS_EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (rs_nlinks && !rs_in_engine) {
+        int handled;
+        int rc = select_common(nfds, r, w, e, ts_ms(ts), mask, &handled);
+        if (handled) return rc;
+    }
+    return rs_real.pselect(nfds, r, w, e, ts, mask);
+}
+
+RS_EXPORT long int __fdelt_chk(long int d)
+{
+    if (d < 0 || d >= FD_SETSIZE) abort();
+    return d / __NFDBITS;
+}
+
+/* ---- epoll --------------------------------------------------------------------------
+ * The kernel registration stays the application's (doorbells make it truthful for
+ * EPOLLIN); we remember, per epoll instance, which members are tracked sockets so that
+ * epoll_wait can answer from their rings and spin before sleeping. */
+struct ep_member { int fd; uint32_t events; epoll_data_t data; };
+struct ep_set { int n, cap; struct ep_member *m; };
+static struct ep_set *ep_sets[RS_MAXFD];
+static int ep_max = -1;                 /* highest epfd with a set */
+static pthread_mutex_t ep_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void drop_member(struct ep_set *s, int fd)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->m[i].fd == fd) { s->m[i] = s->m[--s->n]; return; }
+}
+
+int rs_ep_is_set(int fd) { return (unsigned)fd < RS_MAXFD && ep_sets[fd]; }
+
+/* A tracked fd was closed: the kernel dropped its registrations, so do we (its number
+ * may be reused by a socket the application registers with other data). */
+void rs_ep_forget(int fd)
+{
+    pthread_mutex_lock(&ep_lock);
+    for (int e = 0; e <= ep_max; e++)
+        if (ep_sets[e]) drop_member(ep_sets[e], fd);
+    if ((unsigned)fd < RS_MAXFD && ep_sets[fd]) {          /* fd was itself an epoll instance */
+        free(ep_sets[fd]->m);
+        free(ep_sets[fd]);
+        ep_sets[fd] = NULL;
+    }
+    pthread_mutex_unlock(&ep_lock);
+}
+
+static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+    if ((unsigned)epfd >= RS_MAXFD) return;
+    pthread_mutex_lock(&ep_lock);
+    struct ep_set *s = ep_sets[epfd];
+    int i = 0;
+    if (s) for (; i < s->n && s->m[i].fd != fd; i++) {}
+    if (op == EPOLL_CTL_DEL) {
+        if (s && i < s->n) s->m[i] = s->m[--s->n];
+    } else if (ev) {
+        if (!s) {
+            s = ep_sets[epfd] = calloc(1, sizeof *s);
+            if (epfd > ep_max) ep_max = epfd;
+        }
+        if (s && i == s->n) {
+            if (s->n == s->cap) {
+                int cap = s->cap ? s->cap * 2 : 8;
+                struct ep_member *m = realloc(s->m, (size_t)cap * sizeof *m);
+                if (!m) { pthread_mutex_unlock(&ep_lock); return; }
+                s->m = m; s->cap = cap;
+            }
+            s->n++;
+        }
+        if (s) { s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data; }
+    }
+    pthread_mutex_unlock(&ep_lock);
+}
+
+RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    int r = rs_real.epoll_ctl(epfd, op, fd, ev);
+    if (r == 0 && !rs_in_engine && (rs_link_of(fd) || op == EPOLL_CTL_DEL)) ep_remember(epfd, op, fd, ev);
+    return r;
+}
+
+/* Events from the rings of the tracked members that the kernel did not report. */
+static int ep_from_rings(struct ep_set *s, struct epoll_event *out, int have, int max)
+{
+    int n = have;
+    for (int i = 0; i < s->n && n < max; i++) {
+        struct rs_link *l = ring_link(s->m[i].fd);
+        if (!l) continue;
+        short want = (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0) |
+                     (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
+        short re = ring_revents(l->conn, want);
+        if (!(re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) continue;   /* EPOLLOUT: the kernel says */
+        int dup = 0;
+        for (int j = 0; j < have && !dup; j++) dup = out[j].data.u64 == s->m[i].data.u64;
+        if (dup) continue;
+        out[n].events = (re & POLLIN ? EPOLLIN : 0) | (re & POLLRDHUP ? EPOLLRDHUP : 0) |
+                        (re & POLLHUP ? EPOLLHUP : 0) | (re & POLLERR ? EPOLLERR : 0);
+        out[n].data = s->m[i].data;
+        n++;
+    }
+    return n;
+}
+
+static int ep_has_ring(struct ep_set *s)
+{
+    if (!s) return 0;
+    for (int i = 0; i < s->n; i++)
+        if (ring_link(s->m[i].fd)) return 1;
+    return 0;
+}
+
+static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask)
+{
+    struct ep_set *s = (unsigned)epfd < RS_MAXFD ? ep_sets[epfd] : NULL;
+    if (!ep_has_ring(s) || max <= 0)
+        return mask ? rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask) : rs_real.epoll_wait(epfd, ev, max, timeout_ms);
+    uint64_t start = now_ns();
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+    uint64_t spin_end = start + spin_budget() < deadline ? start + spin_budget() : deadline;
+    for (unsigned it = 0;; it++) {
+        int k = 0;
+        if ((it & 15) == 0) {
+            k = rs_real.epoll_wait(epfd, ev, max, 0);
+            if (k < 0) return k;
+        }
+        pthread_mutex_lock(&ep_lock);
+        int n = ep_from_rings(s, ev, k, max);
+        pthread_mutex_unlock(&ep_lock);
+        if (n) { if (timeout_ms) spin_result(1); return n; }
+        if (now_ns() >= spin_end) break;
+        spin_pause(start);
+    }
+    if (timeout_ms) spin_result(0);
+    for (;;) {
+        if (timeout_ms == 0 || now_ns() >= deadline) return 0;
+        int ready = 0;
+        pthread_mutex_lock(&ep_lock);
+        for (int i = 0; i < s->n; i++) {
+            struct rs_link *l = ring_link(s->m[i].fd);
+            if (l && arm(l->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0))) ready = 1;
+        }
+        int n = ready ? ep_from_rings(s, ev, 0, max) : 0;
+        pthread_mutex_unlock(&ep_lock);
+        if (n) return n;
+        int ms = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t t = now_ns();
+            ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
+        }
+        int k = mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
+        if (k != 0) return k;          /* doorbells make the kernel's answer truthful */
+    }
+}
+
+RS_EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout_ms)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_nlinks || rs_in_engine) return rs_real.epoll_wait(epfd, ev, max, timeout_ms);
+    return epoll_common(epfd, ev, max, timeout_ms, NULL);
+}
+
+RS_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_nlinks || rs_in_engine) return rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask);
+    return epoll_common(epfd, ev, max, timeout_ms, mask);
+}

@@ -1,0 +1,93 @@
+/* rs_links.c - fd -> connection state, reference-counted across dup and fork. */
+#include "rs_preload.h"
+#include <stdlib.h>
+
+struct rs_link *rs_fdmap[RS_MAXFD];
+int rs_nlinks;
+static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct rs_link *rs_link_new(int fd, int state)
+{
+    if ((unsigned)fd >= RS_MAXFD) return NULL;
+    struct rs_link *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->refs = 1;
+    l->state = state;
+    l->stat_slot = -1;
+    pthread_mutex_init(&l->lock, NULL);
+    int fl = rs_real.fcntl(fd, F_GETFL);
+    l->nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    pthread_mutex_lock(&map_lock);
+    struct rs_link *old = rs_fdmap[fd];
+    __atomic_store_n(&rs_fdmap[fd], l, __ATOMIC_RELEASE);
+    rs_nlinks++;
+    pthread_mutex_unlock(&map_lock);
+    if (old && --old->refs == 0) rs_link_free(old);   /* fd reused without our close */
+    return l;
+}
+
+void rs_link_share(int newfd, struct rs_link *l)
+{
+    if ((unsigned)newfd >= RS_MAXFD) return;
+    pthread_mutex_lock(&map_lock);
+    struct rs_link *old = rs_fdmap[newfd];
+    l->refs++;
+    __atomic_store_n(&rs_fdmap[newfd], l, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&map_lock);
+    if (old && old != l) {
+        pthread_mutex_lock(&map_lock);
+        int last = --old->refs == 0;
+        pthread_mutex_unlock(&map_lock);
+        if (last) rs_link_free(old);
+    }
+}
+
+struct rs_link *rs_link_detach(int fd)
+{
+    if ((unsigned)fd >= RS_MAXFD) return NULL;
+    pthread_mutex_lock(&map_lock);
+    struct rs_link *l = rs_fdmap[fd];
+    int last = 0;
+    if (l) {
+        __atomic_store_n(&rs_fdmap[fd], NULL, __ATOMIC_RELEASE);
+        last = --l->refs == 0;
+    }
+    pthread_mutex_unlock(&map_lock);
+    return last ? l : NULL;
+}
+
+/* Frees the state of an open file nobody refers to any more (the fd is closed or about
+ * to be).  An upgraded connection ends with a FIN record unless another process still
+ * holds the socket (then the last holder's kernel close ends it). */
+void rs_link_free(struct rs_link *l)
+{
+    switch (l->state) {
+    case RS_RING:
+        if (!l->forked) rs_send_fin(l->conn);
+        rs_br_closed(l->conn->fd, l->conn);
+        rs_conn_free(l->conn);
+        break;
+    case RS_PRE_RX:
+        rs_conn_free(l->conn);
+        break;
+    case RS_CLIENT_HS:
+    case RS_SERVER_HS:
+        rs_br_drop(l->handle);
+        break;
+    case RS_LISTEN:
+        rs_br_unlisten(l->handle);
+        break;
+    }
+    pthread_mutex_lock(&map_lock);
+    rs_nlinks--;
+    pthread_mutex_unlock(&map_lock);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+void rs_links_mark_forked(void)
+{
+    if (!rs_nlinks) return;
+    for (int fd = 0; fd < RS_MAXFD; fd++)
+        if (rs_fdmap[fd]) rs_fdmap[fd]->forked = 1;
+}
