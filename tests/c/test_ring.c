@@ -1,4 +1,5 @@
-/* test_ring.c - unit tests of the shared-memory ring data path (shim/).
+/* test_ring.c - unit tests of the shared-memory ring data path (shim/) and of the
+ * preamble frames a client writes before the server's answer (rs_preamble.c, pre_*).
  *
  * Built by tests/test_ring_c.py together with the shim/ sources, once under ASan/UBSan and once
  * with -O2.  Every test builds its own connection pair: one memfd segment (rs_shm_create)
@@ -11,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1405,6 +1407,860 @@ static void t_rx_available(void)
     pair_close(&p);
 }
 
+/* ---- preamble frames (rs_preamble.c, docs/PROTOCOL.md 2.9) ------------------------ */
+
+/* Between its HELLO and its processing of the server's answer, a client's writes travel on
+ * the TCP stream as frames  u8 kind | u8 zero[3] | u32 length (big endian) | payload,
+ * kind 0xDA DATA (1..65536 bytes) or 0x5A SWITCH (length 0, the last frame).  The server
+ * (rx_pre = 1) unwraps them before it reads the ring (ACCEPT) or plain TCP (DECLINE:
+ * rs_conn_new_tcp).  Here fd[1] plays the client's TCP socket, fd[0] the server's. */
+
+static void put_pre_hdr(uint8_t h[RS_PRE_HDR], uint8_t kind, uint32_t len)
+{
+    h[0] = kind; h[1] = h[2] = h[3] = 0;
+    h[4] = (uint8_t)(len >> 24); h[5] = (uint8_t)(len >> 16); h[6] = (uint8_t)(len >> 8); h[7] = (uint8_t)len;
+}
+
+/* Blocking write of all of [b, b+n) on a raw socket. */
+static void raw_write(int fd, const void *b, size_t n)
+{
+    const uint8_t *p = b;
+    while (n) {
+        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR) continue;
+        CHECK(r > 0, "send: %s", strerror(errno));
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+static void raw_str(int fd, const char *s) { raw_write(fd, s, strlen(s)); }
+
+/* Blocking read of exactly n bytes from a raw socket (fails on EOF or after timeout_ms). */
+static void raw_read(int fd, void *b, size_t n, int timeout_ms)
+{
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd pf = { .fd = fd, .events = POLLIN };
+        int pr = poll(&pf, 1, timeout_ms);
+        CHECK(pr == 1, "raw_read: nothing readable after %d ms (%zu of %zu bytes)", timeout_ms, got, n);
+        ssize_t r = recv(fd, (uint8_t *)b + got, n - got, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        CHECK(r > 0, "raw_read: recv returned %zd (%s) after %zu of %zu bytes", r, r < 0 ? strerror(errno) : "EOF", got, n);
+        got += (size_t)r;
+    }
+}
+
+/* A DATA frame written by hand (not by rs_pre_send). */
+static void raw_data_frame(int fd, const char *s)
+{
+    uint8_t h[RS_PRE_HDR];
+    put_pre_hdr(h, RS_PRE_DATA, (uint32_t)strlen(s));
+    raw_write(fd, h, sizeof h);
+    raw_str(fd, s);
+}
+
+static void pre_send_str(int fd, const char *s)
+{
+    ssize_t r = rs_pre_send(fd, s, strlen(s), 0, -1);
+    CHECK(r == (ssize_t)strlen(s), "rs_pre_send(\"%s\") returned %zd (%s)", s, r, r < 0 ? strerror((int)-r) : "short");
+}
+
+static void pre_switch(int fd)
+{
+    int r = rs_pre_switch(fd);
+    CHECK(r == 0, "rs_pre_switch returned %d (%s)", r, strerror(-r));
+}
+
+/* One rs_recv(len, flags) must return exactly the bytes of `want`. */
+static void expect_recv_str(rs_conn *c, size_t len, int flags, int timeout_ms, const char *want)
+{
+    char buf[512];
+    CHECK(len <= sizeof buf, "len too large");
+    size_t n = strlen(want);
+    memset(buf, 0, sizeof buf);
+    ssize_t r = rs_recv(c, buf, len, flags, timeout_ms);
+    CHECK(r == (ssize_t)n && memcmp(buf, want, n) == 0,
+          "rs_recv(%zu, flags 0x%x) returned %zd \"%.*s\", expected %zu \"%s\"; errmsg \"%s\"", len, flags, r,
+          r > 0 ? (int)r : 0, buf, n, want, rs_conn_errmsg(c));
+}
+
+/* A peek must return a non-empty prefix of `rest` (the stream still to be read) and
+ * consume nothing. */
+static void expect_peek_prefix(rs_conn *c, const char *rest)
+{
+    char buf[512];
+    size_t n = strlen(rest);
+    ssize_t r = rs_recv(c, buf, sizeof buf, RS_MSG_PEEK, 1000);
+    CHECK(r >= 1 && (size_t)r <= n && memcmp(buf, rest, (size_t)r) == 0,
+          "peek returned %zd \"%.*s\", expected a prefix of \"%s\"; errmsg \"%s\"", r, r > 0 ? (int)r : 0, buf, rest,
+          rs_conn_errmsg(c));
+}
+
+/* A server connection with rings whose client's preamble is still to come. */
+static void pre_pair_open(struct pair *p, uint32_t ring)
+{
+    pair_open(p, ring, 0);
+    p->srv->rx_pre = 1;
+}
+
+/* A server that declined: no rings, only the client's preamble to unwrap. */
+static void pre_tcp_open(struct pair *p)
+{
+    memset(p, 0, sizeof *p);
+    pair_sockets(p);
+    p->srv = rs_conn_new_tcp(p->fd[0]);
+    CHECK(p->srv, "rs_conn_new_tcp");
+    CHECK_EQ(p->srv->rx_pre, 1);
+    CHECK(p->srv->rx_ring == NULL && p->srv->tx_ring == NULL, "rs_conn_new_tcp made rings");
+}
+
+static int readable(int fd, int timeout_ms)
+{
+    struct pollfd pf = { .fd = fd, .events = POLLIN };
+    return poll(&pf, 1, timeout_ms);
+}
+
+/* The bytes rs_pre_send and rs_pre_switch put on the wire. */
+static void t_pre_wire(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    CHECK_EQ(rs_pre_send(p.fd[1], "x", 0, 0, -1), 0);              /* nothing to send: no frame */
+    pre_send_str(p.fd[1], "hello");
+    pre_switch(p.fd[1]);
+    static const uint8_t want[] = { 0xDA, 0, 0, 0, 0, 0, 0, 5, 'h', 'e', 'l', 'l', 'o',
+                                    0x5A, 0, 0, 0, 0, 0, 0, 0 };
+    uint8_t raw[64];
+    ssize_t n = recv(p.fd[0], raw, sizeof raw, MSG_PEEK | MSG_DONTWAIT);
+    CHECK(n == (ssize_t)sizeof want && memcmp(raw, want, sizeof want) == 0,
+          "wire bytes differ (%zd bytes, expected %zu)", n, sizeof want);
+    expect_recv_str(p.srv, 64, 0, 1000, "hello");
+    CHECK_EQ(p.srv->rx_pre, 1);                                     /* SWITCH not read yet */
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);            /* reads SWITCH, ring empty */
+    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(readable(p.fd[0], 0), 0);
+    /* the length is big endian: 0x1234 and the maximum, 65536 = 0x00010000 */
+    static uint8_t big[RS_PRE_MAX + 100];
+    fill_pat(big, 91, 0, sizeof big);
+    CHECK_EQ(rs_pre_send(p.fd[1], big, 0x1234, 0, -1), 0x1234);
+    uint8_t h[RS_PRE_HDR], payload[0x1234];
+    raw_read(p.fd[0], h, sizeof h, 1000);
+    CHECK(h[0] == 0xDA && h[1] == 0 && h[2] == 0 && h[3] == 0 && h[4] == 0 && h[5] == 0 && h[6] == 0x12 && h[7] == 0x34,
+          "header of a 0x1234-byte frame: %02x %02x %02x %02x %02x %02x %02x %02x", h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+    raw_read(p.fd[0], payload, sizeof payload, 1000);
+    VERIFY_PAT(payload, 91, 0, sizeof payload);
+    /* a blocking send of more than the maximum takes exactly the maximum */
+    CHECK_EQ(rs_pre_send(p.fd[1], big, sizeof big, 0, -1), RS_PRE_MAX);
+    raw_read(p.fd[0], h, sizeof h, 1000);
+    CHECK(h[0] == 0xDA && h[4] == 0 && h[5] == 1 && h[6] == 0 && h[7] == 0,
+          "header of a 65536-byte frame: %02x .. %02x %02x %02x %02x", h[0], h[4], h[5], h[6], h[7]);
+    static uint8_t back[RS_PRE_MAX];
+    raw_read(p.fd[0], back, sizeof back, 1000);
+    VERIFY_PAT(back, 91, 0, sizeof back);
+    CHECK_EQ(readable(p.fd[0], 0), 0);
+    pair_close(&p);
+}
+
+/* DATA frames, then SWITCH, then ring data: read in that order even though the ring
+ * already holds data when the server starts reading. */
+static void t_pre_order(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    expect_recv_rc(p.srv, -EAGAIN, 0, 0);
+    pre_send_str(p.fd[1], "abc");
+    raw_data_frame(p.fd[1], "defgh");
+    pre_switch(p.fd[1]);
+    send_str(p.cli, "ring!");                                       /* first record: one doorbell */
+    CHECK_EQ(p.cli->tx_ctl->data_bells, 1);
+    CHECK_EQ(rs_rx_ready(p.srv), 0);                                /* preamble: the socket tells */
+    CHECK_EQ(rs_rx_available(p.srv), 0);                            /* no frame open yet */
+    expect_recv_str(p.srv, 64, 0, 1000, "abc");
+    CHECK_EQ(p.srv->rx_pre, 1);
+    expect_recv_str(p.srv, 2, 0, 1000, "de");
+    CHECK_EQ(rs_rx_available(p.srv), 3);                            /* rest of the open frame */
+    expect_recv_str(p.srv, 64, 0, 1000, "fgh");
+    expect_recv_str(p.srv, 64, 0, 1000, "ring!");
+    CHECK_EQ(p.srv->rx_pre, 0);
+    /* the byte after SWITCH was a doorbell, counted and drained as one */
+    CHECK_EQ(p.srv->bells_drained, 1);
+    CHECK(readable(p.fd[0], 0) == 0, "doorbell left on the socket after the ring was emptied");
+    /* from now on an ordinary ring connection, both ways */
+    send_str(p.cli, "more");
+    expect_str(p.srv, "more");
+    send_str(p.srv, "back");
+    expect_str(p.cli, "back");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    pair_close(&p);
+
+    /* an empty preamble: SWITCH alone */
+    pre_pair_open(&p, 4096);
+    pre_switch(p.fd[1]);
+    send_str(p.cli, "direct");
+    expect_recv_str(p.srv, 64, 0, 1000, "direct");
+    CHECK_EQ(p.srv->rx_pre, 0);
+    pair_close(&p);
+}
+
+static void t_pre_peek(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+    pre_send_str(p.fd[1], "hello");
+    pre_send_str(p.fd[1], "world");
+    pre_switch(p.fd[1]);
+    send_str(p.cli, "ring");
+    expect_peek_prefix(p.srv, "helloworldring");
+    expect_peek_prefix(p.srv, "helloworldring");                   /* nothing consumed */
+    expect_recv_str(p.srv, 2, 0, 1000, "he");
+    expect_peek_prefix(p.srv, "lloworldring");
+    expect_recv_str(p.srv, 3, RS_MSG_WAITALL, 1000, "llo");          /* exactly the frame's end */
+    expect_peek_prefix(p.srv, "worldring");                          /* the next header is read, */
+    expect_peek_prefix(p.srv, "worldring");
+    expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "world");        /* ... its payload is not */
+    CHECK_EQ(p.srv->rx_pre, 1);
+    expect_peek_prefix(p.srv, "ring");                               /* through SWITCH into the ring */
+    CHECK_EQ(p.srv->rx_pre, 0);
+    expect_peek_prefix(p.srv, "ring");
+    expect_recv_str(p.srv, 64, 0, 1000, "ring");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+    pair_close(&p);
+
+    /* the same on a connection without rings */
+    pre_tcp_open(&p);
+    raw_data_frame(p.fd[1], "pre");
+    pre_switch(p.fd[1]);
+    raw_str(p.fd[1], "plain");
+    expect_peek_prefix(p.srv, "preplain");
+    expect_recv_str(p.srv, 3, RS_MSG_WAITALL, 1000, "pre");
+    expect_peek_prefix(p.srv, "plain");
+    CHECK_EQ(p.srv->rx_pre, 0);
+    expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "plain");
+    pair_close(&p);
+}
+
+struct pre_later { struct pair *p; int ms; };
+
+/* 50 ms later: the rest of the preamble, SWITCH, then ring data. */
+static void *pre_later_run(void *arg)
+{
+    struct pre_later *l = arg;
+    sleep_ms(l->ms);
+    pre_send_str(l->p->fd[1], "defg");
+    sleep_ms(20);
+    pre_switch(l->p->fd[1]);
+    sleep_ms(20);
+    send_str(l->p->cli, "hijkl");
+    return NULL;
+}
+
+static void t_pre_waitall(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    pre_send_str(p.fd[1], "abc");
+    struct pre_later l = { &p, 50 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pre_later_run, &l) == 0, "pthread_create");
+    char buf[16] = { 0 };
+    double t0 = now_ms();
+    ssize_t r = rs_recv(p.srv, buf, 12, RS_MSG_WAITALL, 5000);
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(r == 12 && memcmp(buf, "abcdefghijkl", 12) == 0, "MSG_WAITALL across frames and into the ring returned "
+          "%zd \"%.*s\"; errmsg \"%s\"", r, r > 0 ? (int)r : 0, buf, rs_conn_errmsg(p.srv));
+    CHECK(now_ms() - t0 >= 80, "returned before the data was sent");
+    CHECK_EQ(p.srv->rx_pre, 0);
+    pair_close(&p);
+
+    /* all there at once, on a connection with and one without rings */
+    pre_pair_open(&p, 4096);
+    raw_data_frame(p.fd[1], "a");
+    raw_data_frame(p.fd[1], "bc");
+    pre_switch(p.fd[1]);
+    send_str(p.cli, "def");
+    send_str(p.cli, "gh");
+    expect_recv_str(p.srv, 8, RS_MSG_WAITALL, 1000, "abcdefgh");
+    pair_close(&p);
+    pre_tcp_open(&p);
+    raw_data_frame(p.fd[1], "ab");
+    pre_switch(p.fd[1]);
+    raw_str(p.fd[1], "cd");
+    expect_recv_str(p.srv, 4, RS_MSG_WAITALL, 1000, "abcd");
+    pair_close(&p);
+    /* a timeout inside the preamble returns what arrived */
+    pre_tcp_open(&p);
+    raw_data_frame(p.fd[1], "xy");
+    expect_recv_str(p.srv, 4, RS_MSG_WAITALL, 30, "xy");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_WAITALL, 30);
+    pair_close(&p);
+}
+
+/* A server that declined: after SWITCH the stream is plain TCP bytes. */
+static void t_pre_tcp(void)
+{
+    struct pair p;
+    pre_tcp_open(&p);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    pre_send_str(p.fd[1], "pre");
+    pre_send_str(p.fd[1], "amble");
+    pre_switch(p.fd[1]);
+    raw_str(p.fd[1], "plain");
+    CHECK_EQ(rs_rx_ready(p.srv), 0);
+    expect_recv_str(p.srv, 64, 0, 1000, "pre");
+    expect_recv_str(p.srv, 8, RS_MSG_WAITALL, 1000, "amblepla");
+    CHECK_EQ(p.srv->rx_pre, 0);
+    expect_recv_str(p.srv, 64, 0, 1000, "in");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    expect_recv_rc(p.srv, -EAGAIN, 0, 20);
+    /* bytes that look like frame headers are data now */
+    static const uint8_t fake[RS_PRE_HDR] = { 0xDA, 0, 0, 0, 0, 0, 0, 1 };
+    raw_write(p.fd[1], fake, sizeof fake);
+    uint8_t buf[16];
+    CHECK_EQ(rs_recv(p.srv, buf, sizeof fake, RS_MSG_WAITALL, 1000), sizeof fake);
+    CHECK(memcmp(buf, fake, sizeof fake) == 0, "plain bytes changed");
+    raw_str(p.fd[1], "tail");
+    close_fd(&p, 1);
+    expect_recv_str(p.srv, 64, 0, 1000, "tail");
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    CHECK_EQ(p.srv->err, 0);
+    pair_close(&p);
+}
+
+/* Headers a client never writes: a sticky EPROTO with a message, on both kinds of
+ * server connection, after the bytes of the frames before them. */
+static void t_pre_garbage(void)
+{
+    static const struct { uint8_t h[RS_PRE_HDR]; const char *what; } bad[] = {
+        { { 'G', 'E', 'T', ' ', '/', ' ', 'H', 'T' }, "text" },
+        { { 0xDA, 0, 0, 0, 0, 0, 0, 0 }, "DATA of length 0" },
+        { { 0xDA, 0, 0, 0, 0, 1, 0, 1 }, "DATA of length 65537" },
+        { { 0xDA, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF }, "DATA of length 2^32-1" },
+        { { 0xDA, 0, 0, 0, 0x01, 0, 0, 0x01 }, "DATA of length 2^24+1" },
+        { { 0xDA, 1, 0, 0, 0, 0, 0, 1 }, "non-zero byte 1" },
+        { { 0xDA, 0, 0x80, 0, 0, 0, 0, 1 }, "non-zero byte 2" },
+        { { 0xDA, 0, 0, 1, 0, 0, 0, 1 }, "non-zero byte 3" },
+        { { 0x5A, 0, 0, 0, 0, 0, 0, 1 }, "SWITCH of length 1" },
+        { { 0x5A, 0, 0, 0, 1, 0, 0, 0 }, "SWITCH of length 2^24" },
+        { { RS_BELL_DATA, 0, 0, 0, 0, 0, 0, 0 }, "a doorbell byte" },
+        { { 0, 0, 0, 0, 0, 0, 0, 1 }, "kind 0" },
+        { { 0xDB, 0, 0, 0, 0, 0, 0, 1 }, "kind 0xDB" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (int rings = 0; rings < 2; rings++) {
+            struct pair p;
+            if (rings) pre_pair_open(&p, 4096); else pre_tcp_open(&p);
+            raw_data_frame(p.fd[1], "ok");
+            raw_write(p.fd[1], bad[i].h, RS_PRE_HDR);
+            raw_str(p.fd[1], "payload");
+            char buf[64];
+            ssize_t r = rs_recv(p.srv, buf, 10, RS_MSG_WAITALL, 1000);
+            CHECK(r == 2 && memcmp(buf, "ok", 2) == 0, "%s: the frame before it: rs_recv returned %zd", bad[i].what, r);
+            r = rs_recv(p.srv, buf, sizeof buf, 0, 1000);
+            CHECK(r == -EPROTO, "%s (rings %d): rs_recv returned %zd, expected -EPROTO", bad[i].what, rings, r);
+            CHECK_MSG(p.srv, "garbage preamble frame");
+            CHECK_EQ(p.srv->err, EPROTO);
+            expect_recv_rc(p.srv, -EPROTO, RS_MSG_DONTWAIT, 0);      /* sticky */
+            expect_recv_rc(p.srv, -EPROTO, RS_MSG_PEEK, 0);
+            pair_close(&p);
+        }
+    }
+    /* the message names the kind and the length */
+    struct pair p;
+    pre_tcp_open(&p);
+    static const uint8_t h[RS_PRE_HDR] = { 0xDA, 0, 0, 0, 0, 1, 0, 1 };
+    raw_write(p.fd[1], h, sizeof h);
+    expect_recv_rc(p.srv, -EPROTO, 0, 1000);
+    CHECK_MSG(p.srv, "0xda");
+    CHECK_MSG(p.srv, "65537");
+    pair_close(&p);
+    /* the limits themselves are fine: 1 and 65536 bytes */
+    pre_tcp_open(&p);
+    static uint8_t big[RS_PRE_MAX], back[RS_PRE_MAX];
+    fill_pat(big, 92, 0, sizeof big);
+    uint8_t hdr[RS_PRE_HDR];
+    put_pre_hdr(hdr, RS_PRE_DATA, RS_PRE_MAX);
+    raw_write(p.fd[1], hdr, sizeof hdr);
+    raw_write(p.fd[1], big, sizeof big);
+    raw_data_frame(p.fd[1], "!");
+    pre_switch(p.fd[1]);
+    CHECK_EQ(rs_recv(p.srv, back, sizeof back, RS_MSG_WAITALL, 1000), RS_PRE_MAX);
+    VERIFY_PAT(back, 92, 0, sizeof back);
+    expect_recv_str(p.srv, 64, 0, 1000, "!");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    CHECK_EQ(p.srv->rx_pre, 0);
+    pair_close(&p);
+}
+
+static void t_pre_eof(void)
+{
+    for (int rings = 0; rings < 2; rings++) {
+        struct pair p;
+        uint8_t h[RS_PRE_HDR];
+        char buf[64];
+        /* EOF inside a frame's payload: the bytes that came, then ECONNRESET for good */
+        for (int waitall = 0; waitall < 2; waitall++) {
+            if (rings) pre_pair_open(&p, 4096); else pre_tcp_open(&p);
+            put_pre_hdr(h, RS_PRE_DATA, 10);
+            raw_write(p.fd[1], h, sizeof h);
+            raw_str(p.fd[1], "abcd");
+            close_fd(&p, 1);
+            expect_recv_str(p.srv, waitall ? 10 : 64, waitall ? RS_MSG_WAITALL : 0, 1000, "abcd");
+            expect_recv_rc(p.srv, -ECONNRESET, 0, 1000);
+            CHECK_MSG(p.srv, "inside a preamble frame");
+            expect_recv_rc(p.srv, -ECONNRESET, RS_MSG_DONTWAIT, 0);
+            pair_close(&p);
+        }
+        /* EOF inside a header, seen by a blocking and by a nonblocking read */
+        for (int nb = 0; nb < 2; nb++) {
+            if (rings) pre_pair_open(&p, 4096); else pre_tcp_open(&p);
+            put_pre_hdr(h, RS_PRE_DATA, 10);
+            raw_write(p.fd[1], h, 5);
+            close_fd(&p, 1);
+            ssize_t r = rs_recv(p.srv, buf, sizeof buf, nb ? RS_MSG_DONTWAIT : 0, nb ? 0 : 1000);
+            CHECK(r == -ECONNRESET, "EOF after 5 header bytes (nonblocking %d): rs_recv returned %zd", nb, r);
+            CHECK_MSG(p.srv, "header");
+            pair_close(&p);
+        }
+        /* EOF at a frame boundary: end of stream, like TCP */
+        for (int waitall = 0; waitall < 2; waitall++) {
+            if (rings) pre_pair_open(&p, 4096); else pre_tcp_open(&p);
+            raw_data_frame(p.fd[1], "xy");
+            close_fd(&p, 1);
+            expect_recv_str(p.srv, waitall ? 10 : 64, waitall ? RS_MSG_WAITALL : 0, 1000, "xy");
+            expect_recv_rc(p.srv, 0, 0, 1000);
+            expect_recv_rc(p.srv, 0, RS_MSG_DONTWAIT, 0);
+            CHECK_EQ(p.srv->err, 0);
+            pair_close(&p);
+        }
+        /* EOF before any frame */
+        if (rings) pre_pair_open(&p, 4096); else pre_tcp_open(&p);
+        close_fd(&p, 1);
+        expect_recv_rc(p.srv, 0, 0, 1000);
+        CHECK_EQ(p.srv->err, 0);
+        pair_close(&p);
+    }
+}
+
+struct pre_trickle { int fd; const uint8_t *b; size_t n; int ms; };
+
+static void *pre_trickle_run(void *arg)
+{
+    struct pre_trickle *t = arg;
+    sleep_ms(t->ms);
+    raw_write(t->fd, t->b, t->n);
+    return NULL;
+}
+
+/* A header or payload that has partly arrived: EAGAIN, not an error. */
+static void t_pre_partial(void)
+{
+    struct pair p;
+    uint8_t frame[RS_PRE_HDR + 5];
+    put_pre_hdr(frame, RS_PRE_DATA, 5);
+    memcpy(frame + RS_PRE_HDR, "hello", 5);
+    /* the header split at every offset */
+    for (int k = 1; k < RS_PRE_HDR; k++) {
+        pre_tcp_open(&p);
+        raw_write(p.fd[1], frame, (size_t)k);
+        expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+        expect_recv_rc(p.srv, -EAGAIN, 0, 0);
+        expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+        if (k == 3) {
+            double t0 = now_ms();
+            expect_recv_rc(p.srv, -EAGAIN, 0, 50);              /* a timeout while it lasts */
+            double el = now_ms() - t0;
+            CHECK(el >= 40 && el < 1000, "timeout of 50 ms took %.0f ms", el);
+        }
+        CHECK_EQ(p.srv->err, 0);
+        raw_write(p.fd[1], frame + k, sizeof frame - (size_t)k);
+        expect_recv_str(p.srv, 64, 0, 1000, "hello");
+        pair_close(&p);
+    }
+    /* a payload split: what is there, then EAGAIN, then the rest */
+    pre_pair_open(&p, 4096);
+    put_pre_hdr(frame, RS_PRE_DATA, 6);
+    raw_write(p.fd[1], frame, RS_PRE_HDR);
+    raw_str(p.fd[1], "ab");
+    expect_recv_str(p.srv, 64, 0, 1000, "ab");
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    expect_recv_rc(p.srv, -EAGAIN, 0, 20);
+    CHECK_EQ(rs_rx_available(p.srv), 4);
+    raw_str(p.fd[1], "cdef");
+    expect_recv_str(p.srv, 4, RS_MSG_WAITALL, 1000, "cdef");
+    pair_close(&p);
+    /* a blocking read waits for the rest of a header */
+    pre_pair_open(&p, 4096);
+    put_pre_hdr(frame, RS_PRE_DATA, 4);
+    memcpy(frame + RS_PRE_HDR, "late", 4);
+    raw_write(p.fd[1], frame, 4);
+    struct pre_trickle t = { p.fd[1], frame + 4, RS_PRE_HDR, 50 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pre_trickle_run, &t) == 0, "pthread_create");
+    double t0 = now_ms();
+    expect_recv_str(p.srv, 64, 0, 5000, "late");
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(now_ms() - t0 >= 40, "returned before the header was complete");
+    pair_close(&p);
+}
+
+/* Fills the socket fd (nonblocking sends of `byte`) until it takes nothing more; returns
+ * the bytes that went in. */
+static size_t fill_socket(int fd, uint8_t byte, size_t chunk)
+{
+    uint8_t junk[4096];
+    CHECK(chunk <= sizeof junk, "chunk too large");
+    memset(junk, byte, sizeof junk);
+    size_t filled = 0;
+    for (;;) {
+        ssize_t r = send(fd, junk, chunk, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0) {
+            CHECK(errno == EAGAIN || errno == EWOULDBLOCK, "send: %s", strerror(errno));
+            return filled;
+        }
+        filled += (size_t)r;
+        CHECK(filled < (64u << 20), "socket never fills");
+    }
+}
+
+/* Reads everything readable now from fd; checks every byte is `byte`; returns the count. */
+static size_t drain_socket(int fd, uint8_t byte)
+{
+    uint8_t buf[4096];
+    size_t total = 0;
+    for (;;) {
+        ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return total;
+        for (ssize_t i = 0; i < r; i++)
+            CHECK(buf[i] == byte, "byte %zu read back is 0x%02x, expected filler 0x%02x", total + (size_t)i, buf[i], byte);
+        total += (size_t)r;
+    }
+}
+
+/* rs_pre_send never starts a frame a full socket cannot take: nothing is written. */
+static void t_pre_send_full(void)
+{
+    struct pair p;
+    memset(&p, 0, sizeof p);
+    pair_sockets(&p);
+    static uint8_t big[100000];
+    fill_pat(big, 93, 0, sizeof big);
+    size_t filled = fill_socket(p.fd[1], 0xEE, 4096);
+    CHECK_EQ(rs_pre_send(p.fd[1], "abc", 3, 1, 0), -EAGAIN);
+    CHECK_EQ(rs_pre_send(p.fd[1], big, sizeof big, 1, 0), -EAGAIN);
+    double t0 = now_ms();
+    CHECK_EQ(rs_pre_send(p.fd[1], "abc", 3, 0, 50), -EAGAIN);       /* blocking with a timeout */
+    double el = now_ms() - t0;
+    CHECK(el >= 40 && el < 1000, "timeout of 50 ms took %.0f ms", el);
+    size_t got = drain_socket(p.fd[0], 0xEE);
+    CHECK(got == filled, "the reader found %zu bytes, %zu were filler: a full socket took part of a frame", got, filled);
+    /* with room again: a nonblocking send is one frame of at most 16384 bytes */
+    ssize_t r = rs_pre_send(p.fd[1], big, sizeof big, 1, 0);
+    CHECK_EQ(r, RS_PRE_NONBLOCK_MAX);
+    uint8_t h[RS_PRE_HDR];
+    static uint8_t back[RS_PRE_NONBLOCK_MAX];
+    raw_read(p.fd[0], h, sizeof h, 1000);
+    CHECK(h[0] == 0xDA && h[1] == 0 && h[2] == 0 && h[3] == 0 && h[4] == 0 && h[5] == 0 && h[6] == 0x40 && h[7] == 0,
+          "header of a 16384-byte frame: %02x %02x %02x %02x %02x %02x %02x %02x", h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+    raw_read(p.fd[0], back, sizeof back, 1000);
+    VERIFY_PAT(back, 93, 0, sizeof back);
+    CHECK_EQ(readable(p.fd[0], 0), 0);
+    /* a closed peer: an error, not a frame */
+    close_fd(&p, 0);
+    r = rs_pre_send(p.fd[1], "abc", 3, 0, -1);
+    CHECK(r == -EPIPE || r == -ECONNRESET, "rs_pre_send to a closed peer returned %zd", r);
+    CHECK(rs_pre_switch(p.fd[1]) < 0, "rs_pre_switch to a closed peer succeeded");
+    pair_close(&p);
+}
+
+/* ---- large preambles ---- */
+
+#define PRE_LARGE (1u << 20)
+#define PRE_MAX_CALLS 4096
+
+struct pre_writer {
+    int fd, nonblock;
+    const uint8_t *src;
+    size_t n;
+    rs_conn *ring;              /* after SWITCH: this many ring bytes (stream 95) ... */
+    size_t ring_n;
+    const char *plain;          /* ... or these plain bytes */
+    ssize_t sizes[PRE_MAX_CALLS];
+    int calls;
+};
+
+static void *pre_writer_run(void *arg)
+{
+    struct pre_writer *w = arg;
+    size_t off = 0;
+    while (off < w->n) {
+        ssize_t r = rs_pre_send(w->fd, w->src + off, w->n - off, w->nonblock, -1);
+        if (r == -EAGAIN && w->nonblock) {
+            struct pollfd pf = { .fd = w->fd, .events = POLLOUT };
+            poll(&pf, 1, 1000);
+            continue;
+        }
+        size_t cap = w->nonblock ? RS_PRE_NONBLOCK_MAX : RS_PRE_MAX;
+        CHECK(r > 0 && (size_t)r <= cap, "rs_pre_send(%zu bytes, nonblocking %d) returned %zd (%s)", w->n - off,
+              w->nonblock, r, r < 0 ? strerror((int)-r) : "");
+        CHECK(w->calls < PRE_MAX_CALLS, "too many calls");
+        w->sizes[w->calls++] = r;
+        off += (size_t)r;
+    }
+    pre_switch(w->fd);
+    if (w->ring) {
+        static uint8_t buf[65536];
+        uint64_t pos = 0;
+        while (pos < w->ring_n) {
+            size_t k = w->ring_n - pos < sizeof buf ? (size_t)(w->ring_n - pos) : sizeof buf;
+            fill_pat(buf, 95, pos, k);
+            ssize_t r = rs_send(w->ring, buf, k, 0, 10000);
+            CHECK(r > 0, "rs_send after SWITCH returned %zd", r);
+            pos += (uint64_t)r;
+        }
+    }
+    if (w->plain) raw_str(w->fd, w->plain);
+    return NULL;
+}
+
+/* 1 MiB through rs_pre_send: at most 65536 bytes per call (16384 nonblocking), one frame
+ * per call, and the frames reassemble exactly. */
+static void t_pre_send_large(void)
+{
+    uint8_t *src = malloc(PRE_LARGE), *dst = malloc(PRE_LARGE + 8);
+    CHECK(src && dst, "malloc");
+    fill_pat(src, 94, 0, PRE_LARGE);
+    struct pre_writer *w = calloc(1, sizeof *w);
+    CHECK(w, "calloc");
+
+    /* 1. blocking writer; the frames parsed by hand */
+    struct pair p;
+    memset(&p, 0, sizeof p);
+    pair_sockets(&p);
+    *w = (struct pre_writer){ .fd = p.fd[1], .src = src, .n = PRE_LARGE };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pre_writer_run, w) == 0, "pthread_create");
+    size_t pos = 0;
+    int frames = 0;
+    uint32_t lens[PRE_MAX_CALLS];
+    for (;;) {
+        uint8_t h[RS_PRE_HDR];
+        raw_read(p.fd[0], h, sizeof h, 5000);
+        uint32_t len = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
+        CHECK(h[1] == 0 && h[2] == 0 && h[3] == 0, "frame %d: bytes 1..3 not zero", frames);
+        if (h[0] == RS_PRE_SWITCH) { CHECK_EQ(len, 0); break; }
+        CHECK(h[0] == RS_PRE_DATA, "frame %d: kind 0x%02x", frames, h[0]);
+        CHECK(len >= 1 && len <= RS_PRE_MAX && pos + len <= PRE_LARGE, "frame %d: length %u at %zu", frames, len, pos);
+        raw_read(p.fd[0], dst + pos, len, 5000);
+        CHECK(frames < PRE_MAX_CALLS, "too many frames");
+        lens[frames++] = len;
+        pos += len;
+    }
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK_EQ(pos, PRE_LARGE);
+    VERIFY_PAT(dst, 94, 0, PRE_LARGE);
+    CHECK_EQ(frames, w->calls);
+    for (int i = 0; i < frames; i++) CHECK(lens[i] == (uint32_t)w->sizes[i], "frame %d: %u bytes, call took %zd", i, lens[i], w->sizes[i]);
+    CHECK_EQ(frames, PRE_LARGE / RS_PRE_MAX);
+    CHECK_EQ(readable(p.fd[0], 0), 0);
+    pair_close(&p);
+
+    /* 2. nonblocking writer, then ring data; rs_recv with mixed sizes and flags */
+    struct rng g = { 0x9E3779B97F4A7C15ull };
+    for (int rings = 1; rings >= 0; rings--) {
+        if (rings) pre_pair_open(&p, 65536); else pre_tcp_open(&p);
+        size_t ring_n = rings ? 300000 : 0;
+        *w = (struct pre_writer){ .fd = p.fd[1], .nonblock = 1, .src = src, .n = PRE_LARGE,
+                                  .ring = rings ? p.cli : NULL, .ring_n = ring_n, .plain = rings ? NULL : "tail" };
+        CHECK(pthread_create(&th, NULL, pre_writer_run, w) == 0, "pthread_create");
+        size_t want = PRE_LARGE + (rings ? ring_n : 4);
+        uint8_t *all = malloc(want);
+        CHECK(all, "malloc");
+        size_t got = 0;
+        while (got < want) {
+            size_t k = (size_t)rnd_range(&g, 1, 100000);
+            if (k > want - got) k = want - got;
+            int flags = rnd(&g) & 1 ? RS_MSG_WAITALL : 0;
+            ssize_t r = rs_recv(p.srv, all + got, k, flags, 5000);
+            CHECK(r > 0, "rs_recv(%zu, flags 0x%x) returned %zd after %zu of %zu bytes; errmsg \"%s\"", k, flags, r, got,
+                  want, rs_conn_errmsg(p.srv));
+            CHECK((size_t)r <= k, "rs_recv returned more than asked");
+            if (flags & RS_MSG_WAITALL) CHECK((size_t)r == k, "MSG_WAITALL returned %zd of %zu", r, k);
+            got += (size_t)r;
+        }
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        for (int i = 0; i < w->calls; i++) CHECK(w->sizes[i] <= (ssize_t)RS_PRE_NONBLOCK_MAX, "nonblocking call %d took %zd", i, w->sizes[i]);
+        VERIFY_PAT(all, 94, 0, PRE_LARGE);
+        if (rings) VERIFY_PAT(all + PRE_LARGE, 95, 0, ring_n);
+        else CHECK(memcmp(all + PRE_LARGE, "tail", 4) == 0, "plain bytes after SWITCH");
+        CHECK_EQ(p.srv->rx_pre, 0);
+        expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+        free(all);
+        pair_close(&p);
+    }
+    free(w);
+    free(src);
+    free(dst);
+}
+
+/* ---- known shim bugs (tests/test_ring_c.py KNOWN_SHIM_BUGS) ---- */
+
+/* rs_pre_switch on a nonblocking socket (Python sockets with a timeout, or nonblocking,
+ * are O_NONBLOCK) whose send buffer is full of preamble the server has not read yet:
+ * send_frame's first sendmsg returns EAGAIN with nothing sent and rs_pre_switch returns
+ * -EAGAIN.  api.py ignores the result ("failure shows later"), so the SWITCH is lost: the
+ * client's doorbells follow its last DATA frame and the server fails with "garbage
+ * preamble frame (kind 0xd7 ...)".  A frame must be written whole, here: wait for room. */
+static void *drain_later_run(void *arg)
+{
+    int fd = *(int *)arg;
+    sleep_ms(100);
+    uint8_t buf[4096];
+    for (;;) {
+        if (readable(fd, 1000) != 1) return NULL;
+        ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) return NULL;
+    }
+}
+
+static void t_pre_switch_full_nonblocking(void)
+{
+    struct pair p;
+    memset(&p, 0, sizeof p);
+    pair_sockets(&p);
+    int fl = fcntl(p.fd[1], F_GETFL);
+    CHECK(fl >= 0 && fcntl(p.fd[1], F_SETFL, fl | O_NONBLOCK) == 0, "fcntl: %s", strerror(errno));
+    uint8_t h[RS_PRE_HDR];
+    put_pre_hdr(h, RS_PRE_DATA, 4096);
+    static uint8_t frame[RS_PRE_HDR + 4096];
+    memcpy(frame, h, sizeof h);
+    for (;;) {                         /* whole DATA frames until the socket is full */
+        ssize_t r = send(p.fd[1], frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0) break;
+        CHECK(r == (ssize_t)sizeof frame, "short send while filling");
+    }
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, drain_later_run, &p.fd[0]) == 0, "pthread_create");
+    int r = rs_pre_switch(p.fd[1]);
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(r == 0, "rs_pre_switch on a full nonblocking socket returned %d (%s): the SWITCH frame was not sent "
+          "(api.py ignores this result, so the server later reads doorbell bytes as a frame header)", r, strerror(-r));
+    pair_close(&p);
+}
+
+/* The client's first doorbell goes out right after SWITCH, while its TCP socket may still
+ * be full of preamble the server has not read: send_bell gets EAGAIN, takes the counter
+ * back, but leaves want_bell at 0.  No doorbell is pending and none will be sent (the
+ * producer believes one is), so once the server has read the preamble and the first
+ * record, a new record arrives with the socket not readable: a server in select/epoll
+ * never wakes up (the invariant of docs/PROTOCOL.md 6.7 is broken).  The client's send
+ * runs in a thread, so a fix that waits for room for the doorbell passes too. */
+static void *send_x_run(void *arg)
+{
+    send_str(arg, "x");
+    return NULL;
+}
+
+static void t_pre_bell_behind_full_preamble(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    /* tiny DATA frames (one socket buffer each) until the client's socket is full */
+    uint8_t frame[RS_PRE_HDR + 1];
+    put_pre_hdr(frame, RS_PRE_DATA, 1);
+    frame[RS_PRE_HDR] = 'p';
+    int n = 0;
+    for (;; n++) {
+        ssize_t r = send(p.fd[1], frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0) { CHECK(errno == EAGAIN, "send: %s", strerror(errno)); break; }
+        CHECK(r == (ssize_t)sizeof frame, "short send");
+        CHECK(n < 1000000, "socket never fills");
+    }
+    /* the server reads one frame: room for the SWITCH, none left after it */
+    expect_recv_str(p.srv, 64, 0, 1000, "p");
+    n--;
+    pre_switch(p.fd[1]);
+    struct pollfd pf = { .fd = p.fd[1], .events = POLLOUT };
+    CHECK(poll(&pf, 1, 0) == 0, "set-up: the client's socket should be full after the SWITCH");
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, send_x_run, p.cli) == 0, "pthread_create");
+    sleep_ms(50);
+    /* the server reads the whole preamble and the record */
+    static char buf[1 << 20];
+    CHECK((size_t)n + 1 <= sizeof buf, "too many frames");
+    ssize_t r = rs_recv(p.srv, buf, (size_t)n + 1, RS_MSG_WAITALL, 5000);
+    CHECK(r == n + 1 && buf[n] == 'x', "reading the preamble and the record returned %zd; errmsg \"%s\"", r, rs_conn_errmsg(p.srv));
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    /* a new record while nobody is inside recv: the socket must be readable */
+    send_str(p.cli, "y");
+    int pr = readable(p.fd[0], 200);
+    CHECK(pr == 1, "a record is unconsumed and nobody is in recv, but the socket is not readable (poll -> %d; client "
+          "data_bells %llu, want_bell %u): the doorbell that hit a full socket was dropped and never resent", pr,
+          (unsigned long long)p.cli->tx_ctl->data_bells, p.cli->tx_ctl->want_bell);
+    expect_str(p.srv, "y");
+    pair_close(&p);
+}
+
+/* A signal while rs_pre_send waits to finish a frame it has started: write_rest's
+ * wait_event returns -EINTR and write_rest turns it into -EIO, leaving half a frame on
+ * the stream.  The caller gets EIO for bytes the server will partly receive, and the
+ * next frame's header lands inside this frame's payload (silent corruption on the
+ * server).  write_rest should retry on EINTR. */
+static void on_usr1(int sig) { (void)sig; }
+
+struct pre_sig { int fd; const uint8_t *b; size_t n; ssize_t r; volatile int done; };
+
+static void *pre_sig_run(void *arg)
+{
+    struct pre_sig *s = arg;
+    s->r = rs_pre_send(s->fd, s->b, s->n, 0, -1);
+    __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void t_pre_send_signal(void)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;                                   /* no SA_RESTART */
+    sigemptyset(&sa.sa_mask);
+    CHECK(sigaction(SIGUSR1, &sa, &old) == 0, "sigaction");
+    struct pair p;
+    memset(&p, 0, sizeof p);
+    pair_sockets(&p);
+    int sb = 4096;
+    CHECK(setsockopt(p.fd[1], SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb) == 0, "SO_SNDBUF");
+    static uint8_t big[RS_PRE_MAX];
+    fill_pat(big, 96, 0, sizeof big);
+    struct pre_sig s = { .fd = p.fd[1], .b = big, .n = sizeof big };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pre_sig_run, &s) == 0, "pthread_create");
+    for (int i = 0; i < 5 && !__atomic_load_n(&s.done, __ATOMIC_ACQUIRE); i++) {
+        sleep_ms(30);
+        pthread_kill(th, SIGUSR1);
+    }
+    /* now read: the whole frame must arrive, and the call must have taken all of it */
+    static uint8_t got[RS_PRE_HDR + RS_PRE_MAX];
+    size_t n = 0;
+    while (n < sizeof got) {
+        if (readable(p.fd[0], 500) != 1) break;
+        ssize_t r = recv(p.fd[0], got + n, sizeof got - n, MSG_DONTWAIT);
+        if (r > 0) n += (size_t)r;
+    }
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    sigaction(SIGUSR1, &old, NULL);
+    CHECK(s.r == RS_PRE_MAX, "rs_pre_send interrupted by signals returned %zd (%s) after %zu frame bytes left: "
+          "half a frame is on the stream", s.r, s.r < 0 ? strerror((int)-s.r) : "", n);
+    CHECK_EQ(n, sizeof got);
+    VERIFY_PAT(got + RS_PRE_HDR, 96, 0, RS_PRE_MAX);
+    pair_close(&p);
+}
+
 /* ---- main -------------------------------------------------------------------------- */
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
@@ -1424,6 +2280,19 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "peek_waitall", t_peek_waitall },
     { "peek_doorbell", t_peek_doorbell },
     { "rx_available", t_rx_available },
+    { "pre_wire", t_pre_wire },
+    { "pre_order", t_pre_order },
+    { "pre_peek", t_pre_peek },
+    { "pre_waitall", t_pre_waitall },
+    { "pre_tcp", t_pre_tcp },
+    { "pre_garbage", t_pre_garbage },
+    { "pre_eof", t_pre_eof },
+    { "pre_partial", t_pre_partial },
+    { "pre_send_full", t_pre_send_full },
+    { "pre_send_large", t_pre_send_large },
+    { "pre_switch_full_nonblocking", t_pre_switch_full_nonblocking },
+    { "pre_bell_behind_full_preamble", t_pre_bell_behind_full_preamble },
+    { "pre_send_signal", t_pre_send_signal },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
 
