@@ -61,6 +61,8 @@ def main(argv=None):
     r = sub.add_parser("run", help="run a command with rdmasock preloaded")
     r.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("preload-path", help="print the path of librdmasock.so")
+    st = sub.add_parser("stat", help="connections of preloaded processes (like ss)")
+    st.add_argument("--json", action="store_true")
     sub.add_parser("doctor", help="what this machine can use")
     sub.add_parser("demo", help="ping-pong: TCP vs rdmasock")
     b = sub.add_parser("bench", help="core benchmark (ping-pong and stream)")
@@ -70,6 +72,9 @@ def main(argv=None):
         return doctor(args)
     if args.cmd == "run":
         return run(args)
+    if args.cmd == "stat":
+        from . import stat
+        return stat.main(args.json)
     if args.cmd == "preload-path":
         print(preload_path())
         return 0

@@ -10,7 +10,7 @@ import os
 import socket as _socket
 import time
 
-from . import config, handshake as hs, log, rendezvous, upgrade
+from . import config, handshake as hs, log, reasons, rendezvous, upgrade
 from ._native import ffi, lib
 
 STEP_PENDING, STEP_RING, STEP_TCP, STEP_PRE_RX, STEP_CONNECTING = 0, 1, 2, 3, 4
@@ -130,7 +130,7 @@ def connect_plan(fd, sockaddr_bytes):
         if reason is not None:
             s.close()
             log.connection("client", None, addr, "tcp", reason)
-            return 0
+            return -reasons.CODE_BY_NAME[reason]
     except BaseException:
         s.close()
         raise
@@ -163,8 +163,9 @@ def accept(lfd, fd):
     try:
         peer = s.getpeername()
         if not rendezvous.client_exists(peer[0], peer[1]):
+            _log("server", s, "tcp", "peer_not_rdmasock")
             s.close()
-            return 0
+            return -reasons.CODE_BY_NAME["peer_not_rdmasock"]
     except OSError:
         s.close()
         return 0
@@ -194,6 +195,7 @@ def step(handle, wait_ms, out):
         outcome = side.step(deadline)
     except hs.HandshakeError as exc:
         _finish(handle, h, "tcp", exc.reason)
+        out[1] = reasons.CODE_BY_NAME.get(exc.reason, 0)
         return -errno.EPROTO
     except OSError as exc:
         _finish(handle, h, "tcp", "handshake_garbage")
@@ -218,6 +220,7 @@ def step(handle, wait_ms, out):
                 return -errno.ENOMEM
             out[0] = int(ffi.cast("uintptr_t", pre))
             code = STEP_PRE_RX
+    out[1] = reasons.CODE_BY_NAME.get(outcome.reason, 0) if outcome.reason else 0
     if code == STEP_RING:
         ffi.gc(outcome.conn, None)                   # from now on C owns it (rs_conn_free)
         out[0] = int(ffi.cast("uintptr_t", outcome.conn))

@@ -27,7 +27,7 @@ static struct {
     int (*accept)(int, int);
     void (*drop)(int);
     void (*closed)(int, uintptr_t);
-    int (*step)(int, int, uintptr_t *);
+    int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -131,17 +131,20 @@ int rs_step(int fd, struct rs_link *l, int wait_ms)
     pthread_mutex_lock(&l->lock);
     int r = 1;
     if (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS) {
-        uintptr_t out = 0;
+        uintptr_t out[2] = { 0, 0 };
         int e = errno;
+        int role = l->state == RS_CLIENT_HS ? 1 : 2;
         rs_in_engine = 1;
-        int s = eng.step(l->handle, wait_ms, &out);
+        int s = eng.step(l->handle, wait_ms, out);
         rs_in_engine = 0;
         errno = e;
+        if (s != STEP_PENDING && s != STEP_CONNECTING)
+            l->stat = rs_stat_open(fd, role, s == STEP_RING ? 1 : 0, (int)out[1]);
         if (s < 0) {
             l->state = RS_BROKEN;
             l->err = -s;
         } else if (s == STEP_RING) {
-            rs_conn *c = (rs_conn *)out;
+            rs_conn *c = (rs_conn *)out[0];
             int one = 1;
             socklen_t sl = sizeof one;
             int v = 0;
@@ -150,7 +153,7 @@ int rs_step(int fd, struct rs_link *l, int wait_ms)
             l->conn = c;
             __atomic_store_n(&l->state, RS_RING, __ATOMIC_RELEASE);
         } else if (s == STEP_PRE_RX) {
-            l->conn = (rs_conn *)out;
+            l->conn = (rs_conn *)out[0];
             __atomic_store_n(&l->state, RS_PRE_RX, __ATOMIC_RELEASE);
         } else if (s == STEP_TCP) {
             __atomic_store_n(&l->state, RS_PLAIN, __ATOMIC_RELEASE);

@@ -76,6 +76,7 @@ static ssize_t do_recv(int fd, struct rs_link *l, void *buf, size_t n, int flags
     ssize_t r = rs_recv(l->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT), nb ? 0 : -1);
     if (s == RS_PRE_RX && !l->conn->rx_pre) end_preamble(l);
     if (r < 0) { errno = (int)-r; return -1; }
+    if (l->stat && !(flags & MSG_PEEK)) l->stat->rx_bytes += (uint64_t)r;
     return r;
 }
 
@@ -100,6 +101,7 @@ static ssize_t do_send(int fd, struct rs_link *l, const void *buf, size_t n, int
         errno = (int)-r;
         return -1;
     }
+    if (l->stat) l->stat->tx_bytes += (uint64_t)r;
     return r;
 }
 

@@ -22,11 +22,12 @@ static int is_inet_stream(int fd)
 }
 
 static void fork_prepare(void) { rs_links_mark_forked(); }
+static void fork_child(void) { rs_stats_after_fork(); }
 
 __attribute__((constructor)) static void hooks_init(void)
 {
     rs_real_init();
-    pthread_atfork(fork_prepare, NULL, NULL);
+    pthread_atfork(fork_prepare, NULL, fork_child);
 }
 
 RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
@@ -37,8 +38,12 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
         return rs_real.connect(fd, sa, len);
     int handle = rs_br_connect_plan(fd, sa, len);
     int r = rs_real.connect(fd, sa, len);
-    if (handle <= 0) return r;
     int e = errno;
+    if (handle < 0 && (r == 0 || e == EINPROGRESS)) {       /* plain TCP, for a reason */
+        rs_stat_open(fd, 1, 0, -handle);
+        errno = e;
+    }
+    if (handle <= 0) return r;
     if (r == 0 || e == EINPROGRESS) {
         struct rs_link *l = rs_link_new(fd, RS_CLIENT_HS);
         if (!l) { rs_br_drop(handle); errno = e; return r; }
@@ -80,6 +85,7 @@ static int after_accept(int lfd, int fd)
     } else {
         struct rs_link *stale = rs_link_detach(fd);       /* a reused number: forget it */
         if (stale) rs_link_free(stale);
+        if (handle < 0) rs_stat_open(fd, 2, 0, -handle);
     }
     errno = e;
     return fd;

@@ -13,7 +13,6 @@ struct rs_link *rs_link_new(int fd, int state)
     if (!l) return NULL;
     l->refs = 1;
     l->state = state;
-    l->stat_slot = -1;
     pthread_mutex_init(&l->lock, NULL);
     int fl = rs_real.fcntl(fd, F_GETFL);
     l->nonblock = fl >= 0 && (fl & O_NONBLOCK);
@@ -61,6 +60,7 @@ struct rs_link *rs_link_detach(int fd)
  * holds the socket (then the last holder's kernel close ends it). */
 void rs_link_free(struct rs_link *l)
 {
+    rs_stat_close(l->stat);
     switch (l->state) {
     case RS_RING:
         if (!l->forked) rs_send_fin(l->conn);

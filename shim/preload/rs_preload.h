@@ -63,6 +63,23 @@ struct rs_real {
 extern struct rs_real rs_real;
 void rs_real_init(void);
 
+/* ---- rs_stats.c ------------------------------------------------------------------ */
+/* One row of `rdmasock stat` (layout read by rdmasock/stat.py). */
+struct rs_stat_slot {
+    uint32_t used;
+    int32_t  fd;
+    uint8_t  transport;     /* 0 tcp, 1 shm, 2 rdma */
+    uint8_t  role;          /* 1 client, 2 server */
+    uint16_t reason;        /* fallback reason code (rdmasock/reasons.py), 0 = none */
+    uint8_t  local[28];     /* struct sockaddr_in or sockaddr_in6 */
+    uint8_t  peer[28];
+    uint64_t tx_bytes, rx_bytes;
+    uint8_t  pad[8];
+};
+struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason);
+void rs_stat_close(struct rs_stat_slot *s);
+void rs_stats_after_fork(void);
+
 /* ---- rs_links.c ----------------------------------------------------------------- */
 enum rs_state {
     RS_PLAIN = 0,     /* nothing to do (kept only while dups share the entry) */
@@ -88,7 +105,7 @@ struct rs_link {
     uint8_t app_nodelay;   /* TCP_NODELAY as the application set it (RING) */
     uint8_t hello_pending; /* client: nonblocking connect not finished, HELLO not sent */
     pthread_mutex_t lock;  /* handshake steps */
-    int stat_slot;
+    struct rs_stat_slot *stat;
 };
 extern struct rs_link *rs_fdmap[RS_MAXFD];
 extern int rs_nlinks;
