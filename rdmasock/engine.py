@@ -34,8 +34,14 @@ class AppSocket(_socket.socket):
 
 
 class _Handshake:
-    def __init__(self, sock, side, role):
+    def __init__(self, sock, side, role, peer=None):
         self.sock, self.side, self.role = sock, side, role
+        # Addresses now: by the end of the handshake the peer may already have closed.
+        try:
+            self.local = sock.getsockname()
+            self.peer = peer or sock.getpeername()
+        except OSError:
+            self.peer = peer
 
     def close(self):
         self.side.close()
@@ -134,7 +140,7 @@ def connect_plan(fd, sockaddr_bytes):
     except BaseException:
         s.close()
         raise
-    return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client"))
+    return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client", addr))
 
 
 def _socket_address(family, raw):
@@ -230,10 +236,7 @@ def step(handle, wait_ms, out):
 
 def _finish(handle, h, transport, reason, conn_addr=None):
     _handshakes.pop(handle, None)
-    try:
-        local, peer = h.sock.getsockname(), h.sock.getpeername()
-    except OSError:
-        local, peer = None, None
+    local, peer = getattr(h, "local", None), h.peer
     log.connection(h.role, local, peer, transport, reason)
     if conn_addr is not None:
         _conns[conn_addr] = (h.role, local, peer)

@@ -100,7 +100,16 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
             if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = rs_rec_size(chunk); }
         }
         if (tx_free(c) < need) {
-            if (nonblock) break;
+            if (nonblock) {
+                /* Full ring: only here is it worth a system call to learn that the peer
+                 * is gone (a nonblocking writer would otherwise retry forever). */
+                if (!sent && !c->tcp_eof) {
+                    struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+                    if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
+                    if (c->tcp_eof) return -EPIPE;
+                }
+                break;
+            }
             int r = wait_credit(c, need, deadline);
             if (r < 0) {
                 if (sent) break;

@@ -340,6 +340,29 @@ static int ep_from_rings(struct ep_set *s, struct epoll_event *out, int have, in
     return n;
 }
 
+/* The kernel's EPOLLOUT only says the TCP socket has room; for an upgraded socket the ring
+ * must have it.  Drops EPOLLOUT for full rings (asking the peer for a credit doorbell) and
+ * returns how many events remain. */
+static int ep_filter_out(struct ep_set *s, struct epoll_event *ev, int k)
+{
+    int n = 0;
+    for (int j = 0; j < k; j++) {
+        if (ev[j].events & EPOLLOUT) {
+            for (int i = 0; i < s->n; i++) {
+                if (s->m[i].data.u64 != ev[j].data.u64) continue;
+                struct rs_link *l = ring_link(s->m[i].fd);
+                if (l && !rs_tx_writable(l->conn)) {
+                    __atomic_store_n(&l->conn->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+                    if (!rs_tx_writable(l->conn)) ev[j].events &= ~(uint32_t)EPOLLOUT;
+                }
+                break;
+            }
+        }
+        if (ev[j].events) ev[n++] = ev[j];
+    }
+    return n;
+}
+
 static int ep_has_ring(struct ep_set *s)
 {
     if (!s) return 0;
@@ -363,6 +386,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
             if (k < 0) return k;
         }
         pthread_mutex_lock(&ep_lock);
+        if (k > 0) k = ep_filter_out(s, ev, k);
         int n = ep_from_rings(s, ev, k, max);
         pthread_mutex_unlock(&ep_lock);
         if (n) { if (timeout_ms) spin_result(1); return n; }
@@ -370,6 +394,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
         spin_pause(start);
     }
     if (timeout_ms) spin_result(0);
+    unsigned nap_us = 20;
     for (;;) {
         if (timeout_ms == 0 || now_ns() >= deadline) return 0;
         int ready = 0;
@@ -387,7 +412,15 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
             ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
         }
         int k = mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
-        if (k != 0) return k;          /* doorbells make the kernel's answer truthful */
+        if (k <= 0) return k;
+        pthread_mutex_lock(&ep_lock);
+        k = ep_filter_out(s, ev, k);
+        pthread_mutex_unlock(&ep_lock);
+        if (k) return k;               /* doorbells make the kernel's answer truthful */
+        /* Only "writable" for a full ring: the credit comes through memory; nap and look. */
+        struct timespec ts = { 0, (long)nap_us * 1000 };
+        nanosleep(&ts, NULL);
+        if (nap_us < 1000) nap_us *= 2;
     }
 }
 
