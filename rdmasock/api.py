@@ -7,6 +7,7 @@ the C ring code in rdmasock._native; this class only decides which path a call t
 import errno
 import math
 import os
+import select
 import socket as _socket
 import threading
 import time
@@ -219,15 +220,26 @@ class socket(_base):
     def _send_preamble(self, data, flags):
         """A client's write before the server's answer: one preamble frame on the TCP
         stream.  None if the handshake finished meanwhile (send normally)."""
-        with self._hs_lock:
-            if self._ready_for_io(True):
-                return None
-            p = _from_buffer(data)
-            nonblock = bool(flags & _NONBLOCK_FLAGS) or self._tmo == 0
-            r = lib.rs_pre_send(self.fileno(), p, len(p), 1 if nonblock else 0, self._tmo)
-            if r < 0:
+        p = _from_buffer(data)
+        nonblock = bool(flags & _NONBLOCK_FLAGS) or self._tmo == 0
+        deadline = self._deadline()
+        while True:
+            # One frame at a time under the lock (SWITCH never lands inside a frame); the
+            # wait for room happens outside it, so a reader thread can take the answer.
+            with self._hs_lock:
+                if self._ready_for_io(True):
+                    return None
+                r = lib.rs_pre_send(self.fileno(), p, len(p), 1, 0)
+            if r >= 0:
+                return r
+            if r not in (-errno.EAGAIN, _EINTR):
                 self._fail(r)
-            return r
+            if nonblock:
+                self._fail(r)
+            if deadline is not None and deadline != float("inf") and time.monotonic() >= deadline:
+                raise TimeoutError("timed out")
+            upgrade._wait(self.fileno(), select.POLLOUT | select.POLLIN,
+                          min(deadline, time.monotonic() + 0.05) if deadline else time.monotonic() + 0.05)
 
     def _plain(self):
         """True if this socket is (now) plain TCP.  _hs is read first: the handshake

@@ -199,7 +199,7 @@ class Server(_Side):
             return Outcome("tcp", "peer_not_rdmasock")
         reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
         outcome = self._choose(msg, reply)
-        outcome.preamble = True
+        outcome.preamble = bool(msg.features & hs.F_PREAMBLE)   # an older client sends plain bytes
         try:
             _sendall(self.sock, reply.pack())
         except OSError:

@@ -32,12 +32,13 @@ void rs_relax(void)
 
 /* The counter was raised before the send (the consumer's snapshot relies on that order);
  * a byte that never left is taken back so the consumer does not wait to drain it. */
-static void send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
+static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 {
     long r = rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r == 1) { c->stat_bells_sent++; return; }
+    if (r == 1) { c->stat_bells_sent++; return 1; }
     __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
     if (r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) c->tcp_eof = 1;
+    return 0;
 }
 
 /* Producer side: after publishing records, wake the consumer if it asked for it. */
@@ -51,7 +52,10 @@ void rs_tx_flush_bell(rs_conn *c)
     if (!__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED)) return;   /* a bell is pending */
     if (__atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST)) {
         __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
-        send_bell(c, RS_BELL_DATA, &k->data_bells);
+        /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
+         * consumer still wants one, so the next record tries again. */
+        if (!send_bell(c, RS_BELL_DATA, &k->data_bells))
+            __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
     }
 }
 
@@ -62,7 +66,7 @@ void rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t
     if (!__atomic_load_n(&ctl->tx_waiting, __ATOMIC_RELAXED)) return;
     if (__atomic_exchange_n(&ctl->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
         __atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST);
-        send_bell(c, kind, counter);
+        if (!send_bell(c, kind, counter)) __atomic_store_n(&ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
     }
 }
 

@@ -51,7 +51,11 @@ static int write_rest(int fd, const uint8_t *p, size_t n)
     while (n) {
         long r = rs_sys_send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r > 0) { p += r; n -= (size_t)r; continue; }
-        if (r == -EAGAIN || r == -EINTR) { if (wait_event(fd, POLLOUT, 0) < 0) return -EIO; continue; }
+        if (r == -EAGAIN || r == -EINTR) {
+            int w = wait_event(fd, POLLOUT, 0);      /* a signal must not leave half a frame */
+            if (w < 0 && w != -EINTR) return w;
+            continue;
+        }
         return (int)r;
     }
     return 0;
@@ -63,8 +67,16 @@ static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int do
     put_header(h, kind, n);
     struct iovec iov[2] = { { h, RS_PRE_HDR }, { (void *)buf, n } };
     struct msghdr m = { .msg_iov = iov, .msg_iovlen = n ? 2 : 1 };
-    long r = syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
-    if (r < 0) return -errno;
+    long r;
+    for (;;) {
+        r = syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
+        if (r >= 0) break;
+        int e = errno;
+        /* A caller that must not fail (SWITCH) waits even on an O_NONBLOCK socket. */
+        if (dontwait || (e != EAGAIN && e != EINTR)) return -e;
+        int w = wait_event(fd, POLLOUT, 0);
+        if (w < 0 && w != -EINTR) return w;
+    }
     size_t total = RS_PRE_HDR + (size_t)n;
     if ((size_t)r < total) {
         int e;

@@ -35,12 +35,6 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "runtime error", "ERROR: LeakSanit
 
 # test name in test_ring.c -> the shim bug it exposes (see the test's comment for details)
 KNOWN_SHIM_BUGS = {
-    "pre_switch_full_nonblocking": "rs_pre_switch on an O_NONBLOCK socket with a full send buffer returns -EAGAIN "
-                                   "without sending SWITCH (api.py ignores the result: the SWITCH is lost)",
-    "pre_bell_behind_full_preamble": "a doorbell that meets a send buffer still full of preamble gets EAGAIN and is "
-                                     "dropped with want_bell left 0: lost wake-up for select/epoll",
-    "pre_send_signal": "a signal while rs_pre_send finishes a started frame: write_rest returns -EIO on EINTR "
-                       "and leaves half a frame on the stream",
 }
 
 

@@ -80,6 +80,26 @@ static ssize_t do_recv(int fd, struct rs_link *l, void *buf, size_t n, int flags
     return r;
 }
 
+/* A client's write before the server's answer: one preamble frame, under the link lock so
+ * another thread's SWITCH never lands inside it; waiting for room happens outside the
+ * lock, so a reader thread can take the answer meanwhile.  *state is updated if the
+ * handshake finished (then nothing was sent). */
+static ssize_t send_preamble(int fd, struct rs_link *l, const void *buf, size_t n, int nb, int *state)
+{
+    for (;;) {
+        pthread_mutex_lock(&l->lock);
+        int s = l->state;
+        ssize_t r = s == RS_CLIENT_HS ? rs_pre_send(fd, buf, n, 1, 0) : 0;
+        pthread_mutex_unlock(&l->lock);
+        if (s != RS_CLIENT_HS) { *state = s; return 0; }
+        if (r != -EAGAIN && r != -EINTR) return r;
+        if (nb) return -EAGAIN;
+        struct pollfd p = { .fd = fd, .events = POLLOUT | POLLIN };
+        rs_real.poll(&p, 1, 50);
+        if (rs_step(fd, l, 0)) { *state = l->state; return 0; }
+    }
+}
+
 static void sigpipe_unless(int flags)
 {
     if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
@@ -92,10 +112,11 @@ static ssize_t do_send(int fd, struct rs_link *l, const void *buf, size_t n, int
     if (s < 0) return -1;
     if (s == RS_BROKEN) { errno = l->err; return -1; }
     int nb = l->nonblock || (flags & MSG_DONTWAIT);
-    ssize_t r;
+    ssize_t r = 0;
+    if (s == RS_CLIENT_HS) r = send_preamble(fd, l, buf, n, nb, &s);
+    if (s == RS_BROKEN) { errno = l->err; return -1; }
     if (s == RS_RING) r = rs_send(l->conn, buf, n, nb, -1);
-    else if (s == RS_CLIENT_HS) r = rs_pre_send(fd, buf, n, nb, -1);
-    else { *plain = 1; return 0; }
+    else if (s != RS_CLIENT_HS) { *plain = 1; return 0; }
     if (r < 0) {
         if (r == -EPIPE) sigpipe_unless(flags);
         errno = (int)-r;
