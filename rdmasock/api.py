@@ -282,7 +282,7 @@ class socket(_base):
         reason = None
         if cfg.disabled:
             reason = "disabled"
-        elif port in cfg.exclude_ports:
+        elif cfg.excluded(sockaddr[0], port):
             reason = "excluded"
         elif "shm" not in cfg.transports:
             reason = "no_common_transport"
@@ -349,7 +349,7 @@ class socket(_base):
             _base.listen(self, backlog)
         cfg = config.get()
         if self._lmarker is None and not cfg.disabled and not PRELOADED and "shm" in cfg.transports \
-                and self.getsockname()[1] not in cfg.exclude_ports:
+                and not cfg.excluded(*self.getsockname()[:2]):
             self._lmarker = rendezvous.register_listener(self.getsockname(), self._wildcard_kind())
 
     def _wildcard_kind(self):
@@ -368,7 +368,7 @@ class socket(_base):
         # listener may hold the listener name, and its clients still send a HELLO.
         if PRELOADED:
             pass                                  # the preloaded engine handles this socket
-        elif cfg.disabled or "shm" not in cfg.transports or self.getsockname()[1] in cfg.exclude_ports:
+        elif cfg.disabled or "shm" not in cfg.transports or cfg.excluded(*self.getsockname()[:2]):
             sock.fallback_reason = "disabled" if cfg.disabled else "excluded"
             sock._log("server")
         elif not rendezvous.client_exists(addr[0], addr[1]):

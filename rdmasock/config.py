@@ -1,7 +1,18 @@
-"""Configuration from the environment (read once per process; see README "Configuration")."""
+"""Configuration from the environment (read once per process; see README "Configuration").
+
+Address filters (RDMASOCK_INCLUDE, RDMASOCK_EXCLUDE) are comma-separated entries, each
+an address, a network, a port, or an address/network with a port:
+
+    127.0.0.1    10.0.0.0/8    :5432    127.0.0.1:6379    [::1]:80    [fd00::/8]:443
+
+They are matched against the server's address and port (the destination of a connect,
+the local address of a listener).  An excluded endpoint stays plain TCP (reason
+"excluded"); with RDMASOCK_INCLUDE set, only matching endpoints are upgraded."""
+import ipaddress
 import os
 
 _TRUE = {"1", "true", "yes", "on"}
+LOG_LEVELS = ("off", "error", "info", "debug")
 
 
 class Config:
@@ -12,9 +23,52 @@ class Config:
         self.ring_size = _pow2(int(env.get("RDMASOCK_RING_SIZE", str(256 * 1024))))
         self.spin_us = int(env.get("RDMASOCK_SPIN_US", "50"))
         self.log_file = env.get("RDMASOCK_LOG_FILE") or None
+        level = env.get("RDMASOCK_LOG_LEVEL", "info").lower()
+        self.log_level = LOG_LEVELS.index(level) if level in LOG_LEVELS else LOG_LEVELS.index("info")
         self.handshake_timeout = float(env.get("RDMASOCK_HANDSHAKE_TIMEOUT", "5"))
-        self.pending_limit = int(env.get("RDMASOCK_PENDING_LIMIT", str(4 * 1024 * 1024)))
-        self.exclude_ports = {int(p) for p in env.get("RDMASOCK_EXCLUDE_PORTS", "").split(",") if p.strip()}
+        self.include = _filters(env.get("RDMASOCK_INCLUDE", ""))
+        self.exclude = _filters(env.get("RDMASOCK_EXCLUDE", ""))
+        # Older spelling, kept: a list of ports.
+        self.exclude += [(None, int(p)) for p in env.get("RDMASOCK_EXCLUDE_PORTS", "").split(",") if p.strip()]
+
+    def excluded(self, host, port):
+        """True if the endpoint (server address, port) must stay plain TCP."""
+        if any(_match(f, host, port) for f in self.exclude):
+            return True
+        return bool(self.include) and not any(_match(f, host, port) for f in self.include)
+
+
+def _filters(text):
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        net, port = item, None
+        if item.startswith("["):                       # [v6 or v6/len]:port
+            net, _, rest = item[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else None
+        elif item.startswith(":"):
+            net, port = "", int(item[1:])
+        elif item.count(":") == 1:                     # v4:port
+            net, p = item.split(":")
+            port = int(p)
+        out.append((ipaddress.ip_network(net, strict=False) if net else None, port))
+    return out
+
+
+def _match(f, host, port):
+    net, fport = f
+    if fport is not None and fport != port:
+        return False
+    if net is None:
+        return True
+    try:
+        a = ipaddress.ip_address(str(host).split("%")[0])
+    except ValueError:
+        return False
+    if a.version == 6 and a.ipv4_mapped and net.version == 4:
+        a = a.ipv4_mapped
+    return a.version == net.version and a in net
 
 
 def _pow2(n):

@@ -77,7 +77,7 @@ def listen(fd):
     s = AppSocket(fd)
     try:
         name = s.getsockname()
-        if name[1] in cfg.exclude_ports:
+        if cfg.excluded(name[0], name[1]):
             return 0
         marker = rendezvous.register_listener(name, _wildcard_kind(s))
     finally:
@@ -107,7 +107,7 @@ def connect_plan(fd, sockaddr_bytes):
         reason = None
         if cfg.disabled:
             reason = "disabled"
-        elif addr[1] in cfg.exclude_ports:
+        elif cfg.excluded(addr[0], addr[1]):
             reason = "excluded"
         elif "shm" not in cfg.transports:
             reason = "no_common_transport"

@@ -7,8 +7,9 @@ from . import config
 
 
 def connection(role, local, peer, transport, reason=None):
-    path = config.get().log_file
-    if not path:
+    cfg = config.get()
+    path = cfg.log_file
+    if not path or cfg.log_level < 2:
         return
     line = "%s pid=%d role=%s local=%s peer=%s transport=%s" % (
         time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), role, _fmt(local), _fmt(peer), transport)
@@ -24,10 +25,12 @@ def connection(role, local, peer, transport, reason=None):
         pass
 
 
-def line(text):
-    """Appends one free-form line (diagnostics) to the log file, if one is configured."""
-    path = config.get().log_file
-    if not path:
+def line(text, level=1):
+    """Appends one free-form line (diagnostics; level 1 error .. 3 debug) to the log file,
+    if one is configured and RDMASOCK_LOG_LEVEL lets it through."""
+    cfg = config.get()
+    path = cfg.log_file
+    if not path or cfg.log_level < level:
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
