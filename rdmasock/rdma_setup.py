@@ -60,8 +60,8 @@ DEFAULT_INLINE = 256
 # RC timers: local ACK timeout 4.096 us * 2**14 = 67 ms, 7 retries, RNR retry "infinite" (7):
 # a peer that vanished without closing its QP is noticed after about half a second.
 ACK_TIMEOUT = 14
-RETRY_CNT = 7
-RNR_RETRY = 7
+RETRY_CNT = 6
+RNR_RETRY = 6
 MIN_RNR_TIMER = 12
 HOP_LIMIT = 64
 
@@ -162,6 +162,8 @@ class Endpoint:
         self._sge = SGE(0, 0, 0)
         self._wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[self._sge], send_flags=0)
         self._wr.sg_list = self._sge                              # post straight from _sge
+        self._sge_lkey = 0
+        self._remote = {}
         self._F_SIGNALED = e.IBV_SEND_SIGNALED
         self._F_INLINE = e.IBV_SEND_INLINE
 
@@ -268,6 +270,8 @@ class Endpoint:
         if p.link_layer != self.choice.link_layer:
             raise RdmaUnavailable("bad_params", "peer link layer %d, ours %d" % (p.link_layer, self.choice.link_layer))
         self.peer = p
+        self._remote = {"ring": (p.ring_addr, p.ring_len, p.ring_rkey),
+                        "credit": (p.credit_addr, p.credit_len, p.credit_rkey)}
         self.path_mtu = min(p.mtu, self.choice.active_mtu)
         gr = GlobalRoute(dgid=GID(_gid_str(p.gid)), sgid_index=self.choice.gid_index, hop_limit=HOP_LIMIT)
         try:
@@ -300,23 +304,24 @@ class Endpoint:
         slot is reclaimed when a later signaled one completes, so signal at least once every
         sq_depth posts.  Raises RdmaError if the post fails (QP in error, queue full)."""
         s = self._regions[src]
-        p = self.peer
-        if dst == "ring":
-            raddr, rlen, rkey = p.ring_addr, p.ring_len, p.ring_rkey
-        else:
-            raddr, rlen, rkey = p.credit_addr, p.credit_len, p.credit_rkey
+        raddr, rlen, rkey = self._remote[dst]
         if src_off < 0 or dst_off < 0 or length <= 0 or src_off + length > s.length or dst_off + length > rlen:
             raise ValueError("write %d+%d -> %s %d out of bounds" % (src_off, length, dst, dst_off))
+        flags = self._F_SIGNALED if signaled else 0
         if inline is None:
-            inline = length <= self.max_inline
-        elif inline and length > self.max_inline:
-            raise ValueError("%d bytes exceed max_inline_data %d" % (length, self.max_inline))
+            if length <= self.max_inline:
+                flags |= self._F_INLINE
+        elif inline:
+            if length > self.max_inline:
+                raise ValueError("%d bytes exceed max_inline_data %d" % (length, self.max_inline))
+            flags |= self._F_INLINE
         sge, wr = self._sge, self._wr
         sge.addr = s.addr + src_off
         sge.length = length
-        sge.lkey = s.lkey
+        if s.lkey != self._sge_lkey:
+            sge.lkey = self._sge_lkey = s.lkey
         wr.wr_id = wr_id
-        wr.send_flags = (self._F_SIGNALED if signaled else 0) | (self._F_INLINE if inline else 0)
+        wr.send_flags = flags
         wr.set_wr_rdma(rkey, raddr + dst_off)
         try:
             self.qp.post_send(wr)
@@ -368,6 +373,26 @@ class Endpoint:
         for name, r in self._regions.items():
             out[name] = {"addr": r.addr, "length": r.length, "lkey": r.lkey, "rkey": r.rkey}
         return out
+
+    def async_events(self):
+        """Pending asynchronous events of this endpoint's device context (never blocks):
+        e.g. ["IBV_EVENT_PORT_ERR"].  The context is shared by the process's endpoints on
+        that device, so device/port events reach whichever endpoint asks first."""
+        import select
+        from pyverbs.device import translate_event_type
+        fd = self.async_fd()
+        out = []
+        while select.select([fd], [], [], 0)[0]:
+            ev = self.ctx.get_async_event()
+            out.append(translate_event_type(ev.event_type))
+            ev.ack()
+        return out
+
+    def async_fd(self):
+        """The device context's async event fd (readable when an event is pending)."""
+        if getattr(self, "_async_fd", None) is None:
+            self._async_fd = context_async_fd(self.native()["context"], self.ctx.cmd_fd)
+        return self._async_fd
 
     # ---------------------------------------------------------------- teardown
     def close(self):
@@ -458,3 +483,19 @@ def native_qp_pointer(qp):
     if len(set(found)) != 1:
         raise RdmaError("cannot locate struct ibv_qp in the pyverbs QP object (%d candidates)" % len(found))
     return found[0]
+
+
+def context_async_fd(ctx_ptr, cmd_fd):
+    """async_fd of a struct ibv_context (verbs.h: ..., int cmd_fd; int async_fd; ...) given
+    its address: the int following the one equal to cmd_fd, accepted only if that fd is an
+    "anon_inode:[infinibandevent]" of this process."""
+    raw = _read_mem(ctx_ptr, 1024)
+    for off in range(8, len(raw) - 8, 4):
+        a, b = struct.unpack_from("<ii", raw, off)
+        if a == cmd_fd and b > 2:
+            try:
+                if os.readlink("/proc/self/fd/%d" % b) == "anon_inode:[infinibandevent]":
+                    return b
+            except OSError:
+                pass
+    raise RdmaError("cannot find the async event fd of the device context")

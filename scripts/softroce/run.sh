@@ -8,6 +8,7 @@
 #                         (RoCE v2 GID index 1 = ::ffff:127.0.0.1)
 #   --topology two-hosts  two network namespaces joined by a veth pair, one rxe device each
 #                         (guest/two-hosts.sh: addresses and names are listed there)
+#   --topology lo,two-hosts  both (wrappers chain: each sets up its part, then runs the next)
 #   --topology none       nothing set up; CMD runs as booted
 #   -e NAME=VALUE         environment variable for CMD (repeatable)
 #   --env-file FILE       NAME=VALUE lines (no quoting; '#' comments) for CMD
@@ -55,12 +56,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -gt 0 ] || die "no command given (see --help)"
-case "$TOPOLOGY" in
-  lo) WRAP=("$HERE/guest/rxe-lo.sh") ;;
-  two-hosts) WRAP=("$HERE/guest/two-hosts.sh") ;;
-  none) WRAP=() ;;
-  *) die "unknown topology '$TOPOLOGY' (lo, two-hosts, none)" ;;
-esac
+WRAP=()
+IFS=, read -ra TOPOS <<< "$TOPOLOGY"
+for t in "${TOPOS[@]}"; do
+  case "$t" in
+    lo) WRAP+=("$HERE/guest/rxe-lo.sh") ;;
+    two-hosts) WRAP+=("$HERE/guest/two-hosts.sh") ;;
+    none) ;;
+    *) die "unknown topology '$t' (lo, two-hosts, none, or a comma-separated list)" ;;
+  esac
+done
 
 QEMU=$(command -v qemu-system-x86_64) || die "qemu-system-x86_64 is not installed: run scripts/softroce/setup.sh (or scripts/setup.sh)" 3
 KVER=${SOFTROCE_KERNEL:-$(ls /lib/modules 2>/dev/null | sort -V | tail -n 1)}

@@ -21,44 +21,56 @@
 # interface before the "local" table), static neighbour entries, rp_filter=0 and accept_local=1
 # make their packets really cross the veth pair instead of being short-cut through `lo`.
 set -e
-modprobe rdma_rxe
-modprobe veth
-ip link set lo up
-
-# TCP/IP between the two hosts
-ip netns add rs-h1
-ip netns add rs-h2
-ip link add rs-ip1 type veth peer name rs-ip2
+modprobe -a rdma_rxe veth
+# Every process start is slow under TCG: one `ip -batch` for the links, addresses and routes,
+# sysctls through /proc.
+ip -batch - <<EOB
+link set lo up
+netns add rs-h1
+netns add rs-h2
+link add rs-ip1 type veth peer name rs-ip2
+link set rs-ip1 netns rs-h1
+link set rs-ip2 netns rs-h2
+link add rs-roce1 type veth peer name rs-roce2
+addr add 10.47.0.1/24 dev rs-roce1
+addr add 10.47.0.2/24 dev rs-roce2
+link set rs-roce1 up
+link set rs-roce2 up
+rule add pref 101 oif rs-roce1 lookup 101
+rule add pref 102 oif rs-roce2 lookup 102
+route add 10.47.0.2 dev rs-roce1 src 10.47.0.1 table 101
+route add 10.47.0.1 dev rs-roce2 src 10.47.0.2 table 102
+rule add pref 1000 lookup local
+rule del pref 0 lookup local
+EOB
+read -r mac1 < /sys/class/net/rs-roce1/address
+read -r mac2 < /sys/class/net/rs-roce2/address
+ip -batch - <<EOB
+neigh replace 10.47.0.2 lladdr $mac2 dev rs-roce1 nud permanent
+neigh replace 10.47.0.1 lladdr $mac1 dev rs-roce2 nud permanent
+EOB
 for h in 1 2; do
-  ip link set rs-ip$h netns rs-h$h
-  ip -n rs-h$h link set lo up
-  ip -n rs-h$h addr add 10.48.0.$h/24 dev rs-ip$h
-  ip -n rs-h$h link set rs-ip$h up
+  ip -n rs-h$h -batch - <<EOB
+link set lo up
+addr add 10.48.0.$h/24 dev rs-ip$h
+link set rs-ip$h up
+EOB
 done
-
-# RoCE link in the initial namespace
-ip link add rs-roce1 type veth peer name rs-roce2
-sysctl -qw net.ipv4.conf.all.rp_filter=0
+echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter
 for h in 1 2; do
-  o=$((3 - h))
-  sysctl -qw net.ipv4.conf.rs-roce$h.rp_filter=0 net.ipv4.conf.rs-roce$h.accept_local=1
-  ip addr add 10.47.0.$h/24 dev rs-roce$h
-  ip link set rs-roce$h up
-  ip rule add pref 10$h oif rs-roce$h lookup 10$h
-  ip route add 10.47.0.$o dev rs-roce$h src 10.47.0.$h table 10$h
+  echo 0 > /proc/sys/net/ipv4/conf/rs-roce$h/rp_filter
+  echo 1 > /proc/sys/net/ipv4/conf/rs-roce$h/accept_local
 done
-for h in 1 2; do
-  o=$((3 - h))
-  ip neigh replace 10.47.0.$o lladdr "$(cat /sys/class/net/rs-roce$o/address)" dev rs-roce$h nud permanent
-done
-ip rule add pref 1000 lookup local
-ip rule del pref 0 lookup local
-for h in 1 2; do rdma link add rxe-h$h type rxe netdev rs-roce$h; done
+rdma link add rxe-h1 type rxe netdev rs-roce1
+rdma link add rxe-h2 type rxe netdev rs-roce2
 
 # The GID of an IPv4 address appears asynchronously: wait for index 1 (up to 10 s).
 for h in 1 2; do
   n=0
-  until grep -q ':ffff:0a2f:000'$h /sys/class/infiniband/rxe-h$h/ports/1/gids/1 2>/dev/null; do
+  while :; do
+    gid=
+    read -r gid < /sys/class/infiniband/rxe-h$h/ports/1/gids/1 2>/dev/null || true
+    case "$gid" in *:ffff:0a2f:000$h) break ;; esac
     n=$((n + 1)); [ $n -lt 100 ] || { echo "two-hosts.sh: no RoCE GID on rxe-h$h" >&2; exit 1; }
     sleep 0.1
   done

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Runs the RDMA inner tests in sequence (one VM boot for all of them) and writes a JSON
+summary.  Used by tests/test_rdma_vm.py; also by hand:
+
+    scripts/softroce/run.sh --topology lo,two-hosts -- .venv/bin/python tests/rdma/run_inner.py
+    .venv/bin/python tests/rdma/run_inner.py --mode host       # a host with an RDMA device
+
+Cases (`--only a,b`):
+  checks         devices report / choice, PARAMS codec, C posts on the pyverbs QP (checks.py)
+  ring_lo        two processes, one device: framed messages RDMA-written into a ring (ring_write.py)
+  qp_error       QP forced to ERR, remote access error, peer QP destroyed (faults.py)
+  two_hosts      ring_write.py between network namespaces rs-h1 / rs-h2, rxe-h1 -> rxe-h2 (VM)
+  device_events  netdev down/up and `rdma link delete` under a streaming QP (VM, root)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+CASES = ["checks", "ring_lo", "qp_error", "two_hosts", "device_events"]
+VM_ONLY = {"two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
+           "device_events": "deletes an rdma link: only inside the throw-away VM"}
+
+
+def run(cmds, timeout, env=None):
+    """Start all commands (a list of argv lists, e.g. server then client), wait for all;
+    returns (ok, combined output)."""
+    procs = []
+    outs = []
+    for i, argv in enumerate(cmds):
+        procs.append(subprocess.Popen(argv, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env))
+        if i + 1 < len(cmds):
+            time.sleep(0.3)
+    deadline = time.monotonic() + timeout
+    ok = True
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n[run_inner] killed after %d s" % timeout
+            ok = False
+        outs.append(out)
+        ok = ok and p.returncode == 0
+    return ok, "\n".join(outs)
+
+
+def case_env(extra=None):
+    env = dict(os.environ)
+    env.update(extra or {})
+    return env
+
+
+def do_checks():
+    env = case_env()
+    if os.environ.get("SOFTROCE_DEVICE"):
+        env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
+    return run([[PY, "checks.py"]], 240, env)
+
+
+def do_ring_lo():
+    env = case_env()
+    if os.environ.get("SOFTROCE_DEVICE"):
+        env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
+    port = "18611"
+    return run([[PY, "ring_write.py", "server", "--port", port, "--count", "1200"],
+                [PY, "ring_write.py", "client", "--port", port, "--count", "1200"]], 240, env)
+
+
+def do_qp_error():
+    env = case_env()
+    if os.environ.get("SOFTROCE_DEVICE"):
+        env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
+    return run([[PY, "faults.py", "qp_error"]], 240, env)
+
+
+def do_two_hosts():
+    e = os.environ
+    if not e.get("SOFTROCE_H1_NS"):
+        return False, "two-hosts topology not set up (run.sh --topology lo,two-hosts)"
+    stat = "/sys/class/net/rs-roce2/statistics/rx_packets"
+    before = int(open(stat).read())
+    port = "18612"
+    ok, out = run([["ip", "netns", "exec", e["SOFTROCE_H1_NS"], "env", "RDMASOCK_RDMA_DEVICE=" + e["SOFTROCE_H1_DEV"],
+                    PY, "ring_write.py", "server", "--bind", e["SOFTROCE_H1_IP"], "--port", port, "--count", "800"],
+                   ["ip", "netns", "exec", e["SOFTROCE_H2_NS"], "env", "RDMASOCK_RDMA_DEVICE=" + e["SOFTROCE_H2_DEV"],
+                    PY, "ring_write.py", "client", "--connect", e["SOFTROCE_H1_IP"], "--port", port, "--count", "800"]],
+                  240)
+    crossed = int(open(stat).read()) - before
+    out += "\n[run_inner] RoCE packets received on rs-roce2 (the veth end of rxe-h2): %d" % crossed
+    if ok and crossed < 100:
+        ok = False
+        out += "\n[run_inner] too few: the traffic did not cross the veth pair"
+    return ok, out
+
+
+def do_device_events():
+    return run([[PY, "faults.py", "device_events"]], 240)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", help="write the JSON summary here")
+    ap.add_argument("--only", help="comma-separated cases")
+    ap.add_argument("--mode", choices=("vm", "host"), default="vm" if os.environ.get("SOFTROCE_GUEST") else "host")
+    a = ap.parse_args()
+    names = a.only.split(",") if a.only else CASES
+    res = {"mode": a.mode, "cases": {}}
+    t_all = time.monotonic()
+    for name in names:
+        if a.mode == "host" and name in VM_ONLY:
+            res["cases"][name] = {"ok": None, "skipped": VM_ONLY[name], "seconds": 0, "output": ""}
+            print("[run_inner] %-14s SKIP (%s)" % (name, VM_ONLY[name]), flush=True)
+            continue
+        t0 = time.monotonic()
+        try:
+            ok, out = globals()["do_" + name]()
+        except Exception as exc:
+            ok, out = False, "[run_inner] %s: %r" % (name, exc)
+        dt = time.monotonic() - t0
+        observed = [json.loads(l[len("OBSERVED "):]) for l in out.splitlines() if l.startswith("OBSERVED ")]
+        res["cases"][name] = {"ok": ok, "seconds": round(dt, 1), "output": out[-6000:], "observed": observed}
+        print(out.rstrip(), flush=True)
+        print("[run_inner] %-14s %s in %.1f s" % (name, "PASS" if ok else "FAIL", dt), flush=True)
+    res["seconds"] = round(time.monotonic() - t_all, 1)
+    if a.results:
+        os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
+        with open(a.results + ".tmp", "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(a.results + ".tmp", a.results)
+    failed = [n for n, r in res["cases"].items() if r["ok"] is False]
+    print("[run_inner] %d cases, %d failed%s, %.1f s" % (len(names), len(failed),
+          (": " + ", ".join(failed)) if failed else "", res["seconds"]), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
