@@ -20,9 +20,10 @@ def doctor(_args):
         print("shm: usable (memfd + sealing)")
     except OSError as exc:
         print("shm: NOT usable: %s" % exc)
-    devs = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
-    print("rdma: %s" % ("devices " + ", ".join(devs) + " (transport not in this build yet)" if devs
-                        else "no RDMA devices (/sys/class/infiniband absent or empty)"))
+    from . import devices
+    print(devices.format_report(devices.rdma_report()).rstrip())
+    lib = os.path.join(HERE, "librdmasock.so")
+    print("preload: %s" % (lib if os.path.exists(lib) else "librdmasock.so missing (reinstall)"))
     return 0
 
 

@@ -4,6 +4,7 @@
   devices  rdmasock.devices: the report sees the device, usable() is true, choose() picks an
            ACTIVE port with a RoCE v2 / IB GID (with RDMASOCK_RDMA_DEVICE honoured)
   params   PARAMS round trip and rejection of malformed input
+  memlock  (only when asked) low RLIMIT_MEMLOCK without CAP_IPC_LOCK: refused with a reason
   native   a C helper (tests/rdma/native_post.py) posts RDMA WRITEs with libibverbs on the QP
            pyverbs created, through Endpoint.native(); the data arrives; the async event fd
            is found and quiet
@@ -115,6 +116,28 @@ def check_native():
     a.close()
     b.close()
     log("PASS native")
+
+
+def check_memlock():
+    """Run with a low RLIMIT_MEMLOCK and without CAP_IPC_LOCK (run_inner.py arranges it):
+    usable() says no and why, and registering a ring fails with reason "memlock"."""
+    ml = devices.memlock_limit()
+    assert not ml["cap_ipc_lock"] and ml["soft"] is not None and ml["soft"] <= 128 * 1024, ml
+    ok, why = devices.usable(ring_bytes=256 * 1024)
+    assert not ok and "memlock" in why, why
+    print("usable() ->", ok, why, flush=True)
+    ep = rdma_setup.Endpoint()
+    try:
+        ring = Buffer(256 * 1024)
+        try:
+            ep.register_ring(ring.addr, ring.size)
+            raise AssertionError("registered 256 KiB with memlock limit %s" % ml["soft"])
+        except devices.RdmaUnavailable as exc:
+            assert exc.reason == "memlock", exc
+            print("register_ring ->", exc, flush=True)
+    finally:
+        ep.close()
+    log("PASS memlock")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ summary.  Used by tests/test_rdma_vm.py; also by hand:
 
 Cases (`--only a,b`):
   checks         devices report / choice, PARAMS codec, C posts on the pyverbs QP (checks.py)
+  memlock        RLIMIT_MEMLOCK 64 KiB, no CAP_IPC_LOCK: usable() says why, registration refused
   ring_lo        two processes, one device: framed messages RDMA-written into a ring (ring_write.py)
   qp_error       QP forced to ERR, remote access error, peer QP destroyed (faults.py)
   two_hosts      ring_write.py between network namespaces rs-h1 / rs-h2, rxe-h1 -> rxe-h2 (VM)
@@ -21,7 +22,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
-CASES = ["checks", "ring_lo", "qp_error", "two_hosts", "device_events"]
+CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events"]
 VM_ONLY = {"two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "device_events": "deletes an rdma link: only inside the throw-away VM"}
 
@@ -78,6 +79,19 @@ def do_qp_error():
     if os.environ.get("SOFTROCE_DEVICE"):
         env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
     return run([[PY, "faults.py", "qp_error"]], 240, env)
+
+
+def do_memlock():
+    env = case_env()
+    if os.environ.get("SOFTROCE_DEVICE"):
+        env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
+    inner = "ulimit -l 64 && exec %s checks.py memlock" % PY
+    if os.geteuid() == 0:
+        # root keeps CAP_IPC_LOCK (limit not applied) unless it leaves the bounding set
+        argv = ["setpriv", "--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock", "sh", "-c", inner]
+    else:
+        argv = ["sh", "-c", inner]
+    return run([argv], 120, env)
 
 
 def do_two_hosts():
