@@ -1,0 +1,144 @@
+"""LD_PRELOAD library: costs nothing where unused, foreign Python hosts, `rdmasock stat`,
+shared memory unavailable.  The program-level tests are in tests/programs/."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PINGPONG_SRC = os.path.join(ROOT, "bench", "c", "pingpong.c")
+RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
+
+
+def _lib():
+    return subprocess.check_output([sys.executable, "-m", "rdmasock", "preload-path"], text=True).strip()
+
+
+@pytest.fixture(scope="module")
+def cbin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cbin")
+    out = {}
+    for name, src, extra in (("pingpong", PINGPONG_SRC, []),
+                             ("foreign", os.path.join(HERE, "c", "foreign_python.c"), ["-rdynamic"])):
+        path = str(d / name)
+        subprocess.run(["gcc", "-O2", *extra, "-o", path, src], check=True, timeout=120)
+        out[name] = path
+    return out
+
+
+def _free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _env(log):
+    e = dict(os.environ)
+    e["RDMASOCK_LOG_FILE"] = log
+    return e
+
+
+def _start_server(cmd, env):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    line = p.stdout.readline()
+    if b"ready" not in line:
+        p.kill()
+        raise RuntimeError("server did not start: %r %r" % (line, p.stderr.read()))
+    return p
+
+
+def _stop(p):
+    if p.poll() is None:
+        p.kill()
+    p.wait(10)
+
+
+@pytest.mark.parametrize("prog", [["ls", "/"], ["cat", "/etc/hostname"], ["curl", "-s", "file:///etc/hostname"]])
+def test_never_starts_python_without_inet_streams(prog):
+    """Preloaded into a program that opens no INET stream socket: libpython is never loaded."""
+    if not shutil.which(prog[0]):
+        pytest.fail("%s is not installed (scripts/setup.sh installs it)" % prog[0])
+    env = dict(os.environ, LD_PRELOAD=_lib(), LD_DEBUG="libs")
+    r = subprocess.run(prog, env=env, capture_output=True, timeout=30)
+    assert r.returncode == 0
+    assert b"libpython" not in r.stderr
+    assert b"_engine" not in r.stderr
+
+
+def test_foreign_python_host_stays_plain_with_reason(cbin, tmp_path):
+    log = str(tmp_path / "log")
+    port = _free_port()
+    srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(log))
+    try:
+        r = subprocess.run(RUN + [cbin["foreign"], str(port)], env=_env(log), capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == b"ping\n"
+        lines = open(log).read()
+        assert "engine=unavailable transport=tcp reason=python_version_mismatch" in lines
+        assert wait_for(lambda: "role=server" in open(log).read(), 10)
+        assert "transport=shm" not in open(log).read()
+    finally:
+        _stop(srv)
+
+
+def test_stat_lists_live_connections(cbin, tmp_path):
+    log = str(tmp_path / "log")
+    port = _free_port()
+    srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(log))
+    cli = subprocess.Popen(RUN + [cbin["pingpong"], "client", str(port), "4"], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        procs = []
+
+        def both_listed():
+            procs[:] = json.loads(subprocess.check_output([sys.executable, "-m", "rdmasock", "stat", "--json"],
+                                                          timeout=60))
+            mine = [p for p in procs if p["pid"] in (srv.pid, cli.pid)]
+            conns = [c for p in mine for c in p["connections"] if c["transport"] == "shm" and c["bytes_sent"] > 0]
+            return len(conns) == 2
+        assert wait_for(both_listed, 20, 0.3), procs
+        mine = {p["pid"]: p for p in procs if p["pid"] in (srv.pid, cli.pid)}
+        c, s = mine[cli.pid]["connections"][0], mine[srv.pid]["connections"][0]
+        assert (c["role"], s["role"]) == ("client", "server")
+        assert c["local"] == s["peer"] and c["peer"] == s["local"] == "127.0.0.1:%d" % port
+        assert c["fallback_reason"] is None
+        text = subprocess.check_output([sys.executable, "-m", "rdmasock", "stat"], text=True, timeout=60)
+        assert "pingpong" in text and "shm" in text
+        assert cli.wait(30) == 0
+    finally:
+        _stop(cli)
+        _stop(srv)
+
+
+def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):
+    """A server that cannot size a memfd (RLIMIT_FSIZE 0; SIGXFSZ ignored) declines with
+    shm_unavailable: the connection works as TCP and the client logs the reason."""
+    log = str(tmp_path / "log")
+    port = _free_port()
+
+    def limits():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    srv = subprocess.Popen(RUN + [cbin["pingpong"], "server", str(port)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=_env(log), preexec_fn=limits)
+    try:
+        assert b"ready" in srv.stdout.readline()
+        r = subprocess.run(RUN + [cbin["pingpong"], "client", str(port), "0.3"], env=_env(log),
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert b"round_trips_per_s" in r.stdout
+        assert "role=client" in open(log).read()
+        assert "transport=tcp reason=shm_unavailable" in open(log).read()
+    finally:
+        _stop(srv)
