@@ -18,6 +18,8 @@ void rse_hello(int handle);
 int rse_accept(int lfd, int fd);
 void rse_drop(int handle);
 void rse_closed(int fd, uintptr_t conn);
+void rse_plain(int fd, int reason);
+int rse_ready(void);
 int rse_step(int handle, int wait_ms, uintptr_t *out);
 """
 
@@ -102,10 +104,19 @@ from rdmasock._engine import ffi
 for p in RSE_SYS_PATH:
     if p not in sys.path:
         sys.path.append(p)
-from rdmasock import engine as _engine
+try:
+    from rdmasock import engine as _engine
+except BaseException as _exc:      # reported as reason engine_import_failed, never on stderr
+    _engine = None
+    _import_error = _exc
 
 def _quiet(exc, val, tb):          # never print into the host program's stderr
-    _engine.internal_error(exc, val, tb)
+    if _engine is not None:
+        _engine.internal_error(exc, val, tb)
+
+@ffi.def_extern(error=0, onerror=_quiet)
+def rse_ready():
+    return 1 if _engine is not None else 0
 
 @ffi.def_extern(error=0, onerror=_quiet)
 def rse_listen(fd):
@@ -134,6 +145,10 @@ def rse_drop(handle):
 @ffi.def_extern(onerror=_quiet)
 def rse_closed(fd, conn):
     _engine.closed(fd, conn)
+
+@ffi.def_extern(onerror=_quiet)
+def rse_plain(fd, reason):
+    _engine.plain(fd, reason)
 
 @ffi.def_extern(error=-71, onerror=_quiet)      # -EPROTO: the connection reports an error
 def rse_step(handle, wait_ms, out):

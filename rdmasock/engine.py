@@ -135,12 +135,20 @@ def connect_plan(fd, sockaddr_bytes):
                 reason = "marker_busy"
         if reason is not None:
             s.close()
-            log.connection("client", None, addr, "tcp", reason)
-            return -reasons.CODE_BY_NAME[reason]
+            return -reasons.CODE_BY_NAME[reason]       # logged by plain() once connected
     except BaseException:
         s.close()
         raise
     return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client", addr))
+
+
+def plain(fd, code):
+    """A connect that stays plain TCP (connect_plan's reason), now that it has addresses."""
+    s = AppSocket(fd)
+    try:
+        _log("client", s, "tcp", reasons.name(code))
+    finally:
+        s.close()
 
 
 def _socket_address(family, raw):

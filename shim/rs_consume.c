@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <string.h>
 #include "rs_conn.h"
+#include "rs_sys.h"
 
 #define RS_PURE_SPIN_NS 2000u
 
@@ -127,9 +128,39 @@ int rs_rx_ready(rs_conn *c)
 }
 
 /* Payload bytes receivable without waiting (FIONREAD). */
+static ssize_t ring_available(rs_conn *c);
+
+/* During the preamble: the payload of the frames already on the TCP socket (looked at
+ * with a bounded peek), plus the ring's records once SWITCH is among them. */
+static ssize_t pre_available(rs_conn *c)
+{
+    uint8_t buf[4096];
+    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return 0;
+    size_t pos = 0, len = (size_t)n;
+    uint32_t left = c->pre_left;
+    ssize_t total = 0;
+    for (;;) {
+        size_t take = left < len - pos ? left : len - pos;
+        total += (ssize_t)take;
+        pos += take;
+        left -= (uint32_t)take;
+        if (left || pos + RS_PRE_HDR > len) return total;
+        if (buf[pos] == RS_PRE_SWITCH) return total + (c->rx_ring ? ring_available(c) : 0);
+        left = (uint32_t)buf[pos + 4] << 24 | (uint32_t)buf[pos + 5] << 16 | (uint32_t)buf[pos + 6] << 8 | buf[pos + 7];
+        pos += RS_PRE_HDR;
+    }
+}
+
 ssize_t rs_rx_available(rs_conn *c)
 {
-    if (c->rx_pre || !c->rx_ring) return c->pre_left;
+    if (c->rx_pre) return pre_available(c);
+    if (!c->rx_ring) return 0;
+    return ring_available(c);
+}
+
+static ssize_t ring_available(rs_conn *c)
+{
     struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
     uint64_t total = cur.cur_len - cur.cur_off;
     if (cur.cur_len) { cur.pos += rs_rec_size(cur.cur_len); cur.seq++; }
@@ -213,8 +244,9 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         if (c->tcp_eof) {
             /* The peer's process is gone.  Whatever it wrote before is in the ring. */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
-            if (got || c->fin_seen) return (ssize_t)got;
-            return -ECONNRESET;
+            /* No FIN record: the peer died or its last holder was a forked process.  TCP
+             * shows a closed peer as EOF, and so do we. */
+            return (ssize_t)got;
         }
         if (!nonblock && spin_for_data(c, len - got, deadline, peek)) continue;
         if (rs_rx_go_idle(c)) continue;

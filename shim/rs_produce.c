@@ -84,6 +84,12 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
     if (timeout_ms == 0) nonblock = 1;
     if (c->err) return -c->err;
     if (c->fin_sent || c->tcp_eof) return -EPIPE;
+    if (c->fin_seen) {
+        /* The peer shut its side down; if it closed the socket altogether, TCP would fail
+         * this write with EPIPE: ask the kernel (only ever after a FIN record). */
+        struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) { c->tcp_eof = 1; return -EPIPE; }
+    }
     while (sent < len) {
         uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
         uint32_t to_end = c->ring_size - (uint32_t)(c->tx_pos & c->mask);

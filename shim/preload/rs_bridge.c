@@ -27,6 +27,8 @@ static struct {
     int (*accept)(int, int);
     void (*drop)(int);
     void (*closed)(int, uintptr_t);
+    void (*plain)(int, int);
+    int (*ready)(void);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
@@ -79,9 +81,11 @@ static void engine_load(void)
     SYM(boot, "rse_boot"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
     SYM(drop, "rse_drop"); SYM(closed, "rse_closed"); SYM(step, "rse_step");
+    SYM(plain, "rse_plain"); SYM(ready, "rse_ready");
     if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.closed || !eng.step) { log_unusable("engine_incomplete"); return; }
+        !eng.drop || !eng.closed || !eng.step || !eng.plain || !eng.ready) { log_unusable("engine_incomplete"); return; }
     if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
+    if (!eng.ready()) { log_unusable("engine_import_failed"); return; }
     eng_state = 1;
 }
 
@@ -116,6 +120,7 @@ void rs_br_hello(int handle) { if (rs_engine_loaded()) CALL(eng.hello(handle)); 
 int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.accept(lfd, fd)); return r; }
 void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
 void rs_br_closed(int fd, rs_conn *c) { if (rs_engine_loaded()) CALL(eng.closed(fd, (uintptr_t)c)); }
+void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd, reason)); }
 
 /* Engine step results (rdmasock/engine.py) */
 #define STEP_PENDING   0
@@ -151,6 +156,7 @@ int rs_step(int fd, struct rs_link *l, int wait_ms)
             if (rs_real.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) l->app_nodelay = v != 0;
             rs_real.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             l->conn = c;
+            l->forked = 0;           /* made in this process: no other process holds the ring */
             __atomic_store_n(&l->state, RS_RING, __ATOMIC_RELEASE);
         } else if (s == STEP_PRE_RX) {
             l->conn = (rs_conn *)out[0];

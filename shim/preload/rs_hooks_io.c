@@ -162,7 +162,9 @@ static ssize_t recv_iov(int fd, struct rs_link *l, const struct iovec *iov, int 
     ssize_t total = 0;
     for (int i = 0; i < cnt; i++) {
         if (!iov[i].iov_len) continue;
-        ssize_t r = do_recv(fd, l, iov[i].iov_base, iov[i].iov_len, total ? flags | MSG_DONTWAIT : flags, plain);
+        /* MSG_WAITALL fills every buffer; otherwise only the first one may wait */
+        int fl = total && !(flags & MSG_WAITALL) ? flags | MSG_DONTWAIT : flags;
+        ssize_t r = do_recv(fd, l, iov[i].iov_base, iov[i].iov_len, fl, plain);
         if (*plain) return 0;
         if (r < 0) return total ? total : -1;
         total += r;
@@ -248,7 +250,8 @@ static ssize_t send_iov(int fd, struct rs_link *l, const struct iovec *iov, int 
             p = iov[i].iov_base; n = iov[i].iov_len;
         }
         if (n == 0) { i += used; continue; }
-        ssize_t r = do_send(fd, l, p, n, total ? flags | MSG_DONTWAIT : flags, plain);
+        /* a blocking socket queues everything, as TCP does; a nonblocking one what fits */
+        ssize_t r = do_send(fd, l, p, n, flags, plain);
         if (*plain) return 0;
         if (r < 0) return total ? total : -1;
         total += r;

@@ -39,8 +39,12 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
     int handle = rs_br_connect_plan(fd, sa, len);
     int r = rs_real.connect(fd, sa, len);
     int e = errno;
-    if (handle < 0 && (r == 0 || e == EINPROGRESS)) {       /* plain TCP, for a reason */
-        rs_stat_open(fd, 1, 0, -handle);
+    if (handle < 0 && (r == 0 || e == EINPROGRESS)) {
+        /* Plain TCP, for a reason: remembered (a second connect() on the same socket, as
+         * nonblocking clients do to learn the outcome, decides nothing new). */
+        struct rs_link *l = rs_link_new(fd, RS_PLAIN);
+        if (l) l->stat = rs_stat_open(fd, 1, 0, -handle);
+        rs_br_plain(fd, -handle);
         errno = e;
     }
     if (handle <= 0) return r;
@@ -84,8 +88,11 @@ static int after_accept(int lfd, int fd)
         else rs_br_drop(handle);
     } else {
         struct rs_link *stale = rs_link_detach(fd);       /* a reused number: forget it */
-        if (stale) rs_link_free(stale);
-        if (handle < 0) rs_stat_open(fd, 2, 0, -handle);
+        if (stale) rs_link_free(stale, -1);
+        if (handle < 0) {
+            struct rs_link *l = rs_link_new(fd, RS_PLAIN);
+            if (l) l->stat = rs_stat_open(fd, 2, 0, -handle);
+        }
     }
     errno = e;
     return fd;
@@ -108,7 +115,7 @@ RS_EXPORT int close(int fd)
     if (!rs_real.read) rs_real_init();
     if (rs_link_of(fd)) {
         struct rs_link *l = rs_link_detach(fd);
-        if (l) rs_link_free(l);                 /* FIN goes out while the fd is still open */
+        if (l) rs_link_free(l, fd);             /* FIN goes out while the fd is still open */
         rs_ep_forget(fd);
     } else if (rs_ep_is_set(fd)) {
         rs_ep_forget(fd);
@@ -145,7 +152,7 @@ static int share(int oldfd, int newfd)
 static void forget(int fd)
 {
     struct rs_link *l = rs_link_detach(fd);
-    if (l) rs_link_free(l);
+    if (l) rs_link_free(l, fd);
 }
 
 RS_EXPORT int dup(int fd)
@@ -196,6 +203,8 @@ RS_EXPORT int ioctl(int fd, unsigned long req, ...)
     va_end(ap);
     struct rs_link *l = rs_link_of(fd);
     if (l && !rs_in_engine) {
+        if (req == FIONREAD && (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS))
+            rs_step(fd, l, 0);                  /* handshake bytes are not the application's */
         if (req == FIONREAD && l->state == RS_RING) {
             *(int *)arg = (int)rs_rx_available(l->conn);
             return 0;

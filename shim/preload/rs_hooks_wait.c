@@ -39,10 +39,12 @@ __attribute__((constructor)) static void wait_init(void)
     spin_cur = spin_ns;
 }
 
+/* An upgraded socket whose readiness the ring answers.  While the client's preamble
+ * (ending in SWITCH) is still on the TCP socket, the kernel answers. */
 static inline struct rs_link *ring_link(int fd)
 {
     struct rs_link *l = rs_link_of(fd);
-    return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING ? l : NULL;
+    return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING && !l->conn->rx_pre ? l : NULL;
 }
 
 static short ring_revents(rs_conn *c, short events)
@@ -165,6 +167,12 @@ RS_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout_ms, size_t fd
     return poll(fds, n, timeout_ms);
 }
 
+RS_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n) abort();
+    return ppoll(fds, n, ts, mask);
+}
+
 static int ts_ms(const struct timespec *ts)
 {
     if (!ts) return -1;
@@ -253,7 +261,9 @@ RS_EXPORT long int __fdelt_chk(long int d)
  * The kernel registration stays the application's (doorbells make it truthful for
  * EPOLLIN); we remember, per epoll instance, which members are tracked sockets so that
  * epoll_wait can answer from their rings and spin before sleeping. */
-struct ep_member { int fd; uint32_t events; epoll_data_t data; };
+/* et_mark: for EPOLLET, the producer's byte count when we last reported the ring readable
+ * (an edge is new data since then).  disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD. */
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark; int disarmed; };
 struct ep_set { int n, cap; struct ep_member *m; };
 static struct ep_set *ep_sets[RS_MAXFD];
 static int ep_max = -1;                 /* highest epfd with a set */
@@ -305,7 +315,10 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
             }
             s->n++;
         }
-        if (s) { s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data; }
+        if (s) {
+            s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
+            s->m[i].et_mark = (uint64_t)-1; s->m[i].disarmed = 0;
+        }
     }
     pthread_mutex_unlock(&ep_lock);
 }
@@ -319,12 +332,14 @@ RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 }
 
 /* Events from the rings of the tracked members that the kernel did not report. */
-static int ep_from_rings(struct ep_set *s, struct epoll_event *out, int have, int max)
+static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, int have, int max)
 {
     int n = have;
     for (int i = 0; i < s->n && n < max; i++) {
         struct rs_link *l = ring_link(s->m[i].fd);
-        if (!l) continue;
+        if (!l || s->m[i].disarmed) continue;
+        uint64_t produced = __atomic_load_n(&l->conn->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
+        if ((s->m[i].events & EPOLLET) && produced == s->m[i].et_mark && !l->conn->fin_seen) continue;
         short want = (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0) |
                      (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
         short re = ring_revents(l->conn, want);
@@ -336,6 +351,13 @@ static int ep_from_rings(struct ep_set *s, struct epoll_event *out, int have, in
                         (re & POLLHUP ? EPOLLHUP : 0) | (re & POLLERR ? EPOLLERR : 0);
         out[n].data = s->m[i].data;
         n++;
+        s->m[i].et_mark = produced;
+        if (s->m[i].events & EPOLLONESHOT) {
+            /* fired: disable the kernel registration too, as EPOLLONESHOT does */
+            struct epoll_event off = { .events = 0, .data = s->m[i].data };
+            rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, s->m[i].fd, &off);
+            s->m[i].disarmed = 1;
+        }
     }
     return n;
 }
@@ -347,16 +369,18 @@ static int ep_filter_out(struct ep_set *s, struct epoll_event *ev, int k)
 {
     int n = 0;
     for (int j = 0; j < k; j++) {
-        if (ev[j].events & EPOLLOUT) {
-            for (int i = 0; i < s->n; i++) {
-                if (s->m[i].data.u64 != ev[j].data.u64) continue;
-                struct rs_link *l = ring_link(s->m[i].fd);
-                if (l && !rs_tx_writable(l->conn)) {
-                    __atomic_store_n(&l->conn->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
-                    if (!rs_tx_writable(l->conn)) ev[j].events &= ~(uint32_t)EPOLLOUT;
-                }
-                break;
+        for (int i = 0; i < s->n; i++) {
+            if (s->m[i].data.u64 != ev[j].data.u64) continue;
+            struct rs_link *l = ring_link(s->m[i].fd);
+            if (!l) break;
+            if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(l->conn)) {
+                __atomic_store_n(&l->conn->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+                if (!rs_tx_writable(l->conn)) ev[j].events &= ~(uint32_t)EPOLLOUT;
             }
+            /* the kernel's report counts as ours: no second edge, no second one-shot */
+            if (ev[j].events & EPOLLIN) s->m[i].et_mark = __atomic_load_n(&l->conn->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
+            if (s->m[i].events & EPOLLONESHOT) s->m[i].disarmed = 1;
+            break;
         }
         if (ev[j].events) ev[n++] = ev[j];
     }
@@ -387,7 +411,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
         }
         pthread_mutex_lock(&ep_lock);
         if (k > 0) k = ep_filter_out(s, ev, k);
-        int n = ep_from_rings(s, ev, k, max);
+        int n = ep_from_rings(epfd, s, ev, k, max);
         pthread_mutex_unlock(&ep_lock);
         if (n) { if (timeout_ms) spin_result(1); return n; }
         if (now_ns() >= spin_end) break;
@@ -403,7 +427,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
             struct rs_link *l = ring_link(s->m[i].fd);
             if (l && arm(l->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0))) ready = 1;
         }
-        int n = ready ? ep_from_rings(s, ev, 0, max) : 0;
+        int n = ready ? ep_from_rings(epfd, s, ev, 0, max) : 0;
         pthread_mutex_unlock(&ep_lock);
         if (n) return n;
         int ms = -1;

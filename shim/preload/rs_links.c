@@ -1,6 +1,7 @@
 /* rs_links.c - fd -> connection state, reference-counted across dup and fork. */
 #include "rs_preload.h"
 #include <stdlib.h>
+#include "../rs_sys.h"
 
 struct rs_link *rs_fdmap[RS_MAXFD];
 int rs_nlinks;
@@ -21,7 +22,7 @@ struct rs_link *rs_link_new(int fd, int state)
     __atomic_store_n(&rs_fdmap[fd], l, __ATOMIC_RELEASE);
     rs_nlinks++;
     pthread_mutex_unlock(&map_lock);
-    if (old && --old->refs == 0) rs_link_free(old);   /* fd reused without our close */
+    if (old && --old->refs == 0) rs_link_free(old, -1);   /* fd reused without our close */
     return l;
 }
 
@@ -37,7 +38,7 @@ void rs_link_share(int newfd, struct rs_link *l)
         pthread_mutex_lock(&map_lock);
         int last = --old->refs == 0;
         pthread_mutex_unlock(&map_lock);
-        if (last) rs_link_free(old);
+        if (last) rs_link_free(old, -1);
     }
 }
 
@@ -58,9 +59,21 @@ struct rs_link *rs_link_detach(int fd)
 /* Frees the state of an open file nobody refers to any more (the fd is closed or about
  * to be).  An upgraded connection ends with a FIN record unless another process still
  * holds the socket (then the last holder's kernel close ends it). */
-void rs_link_free(struct rs_link *l)
+/* Reads what the peer sent that nobody will read (a HELLO never answered, a SWITCH behind
+ * the last request): closing a TCP socket with unread bytes sends RST, and the peer would
+ * see ECONNRESET instead of EOF.  Not after fork: the other process reads them. */
+static void drain_unread(int fd)
+{
+    char buf[512];
+    for (int i = 0; i < 64; i++)
+        if (rs_sys_recv(fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) break;
+}
+
+void rs_link_free(struct rs_link *l, int fd)
 {
     rs_stat_close(l->stat);
+    if (fd >= 0 && !l->forked && (l->state == RS_SERVER_HS || (l->state == RS_RING && l->conn->rx_pre)))
+        drain_unread(fd);
     switch (l->state) {
     case RS_RING:
         if (!l->forked) rs_send_fin(l->conn);

@@ -117,7 +117,7 @@ static inline struct rs_link *rs_link_of(int fd)
 struct rs_link *rs_link_new(int fd, int state);
 void rs_link_share(int newfd, struct rs_link *l);
 struct rs_link *rs_link_detach(int fd);         /* fd closed: returns link if it was the last ref */
-void rs_link_free(struct rs_link *l);
+void rs_link_free(struct rs_link *l, int fd);   /* fd: the descriptor being closed, or -1 */
 void rs_links_mark_forked(void);
 
 /* ---- rs_bridge.c ----------------------------------------------------------------- */
@@ -131,6 +131,7 @@ void rs_br_hello(int handle);
 int  rs_br_accept(int lfd, int fd);
 void rs_br_drop(int handle);
 void rs_br_closed(int fd, rs_conn *c);
+void rs_br_plain(int fd, int reason);
 /* Advances the handshake of fd's link.  Returns 1 when it is over (state updated),
  * 0 still pending, -1 with errno set. */
 int  rs_step(int fd, struct rs_link *l, int wait_ms);
