@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up and runs the demo: an unmodified ping-pong program over plain TCP and over
-# rdmasock shared memory, pinned with taskset, median of 5, speed-up printed.
+# Sets up and runs the demo: pgbench (TPC-B, 1 client) against a local PostgreSQL over
+# plain TCP and with server and client under rdmasock (LD_PRELOAD, unmodified binaries),
+# same run, pinned with taskset, median of 3; prints both tps and the speed-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
-exec .venv/bin/python bench/demo.py "$@"
+exec .venv/bin/python bench/pgbench_demo.py --reps 3 --duration 8 "$@"
