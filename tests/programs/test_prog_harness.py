@@ -44,7 +44,6 @@ def test_preload_cmd():
     ("client", [], False),                                                # library not loaded?
     ("server", [SV % ("tcp", " reason=peer_not_rdmasock")], True),
     ("server", [SV % ("tcp", " reason=x"), C % ("tcp", " reason=x")], False),
-    ("client", [C % ("tcp", " reason=x"), C % ("tcp", " reason=x")], False),   # one connection, two lines
     ("client", [(C % ("tcp", " reason=x")).replace("local=127.0.0.1:40000", "local=None")], False),
     ("plain", [], True),
     ("plain", [C % ("tcp", " reason=x")], False),
