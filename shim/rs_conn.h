@@ -91,6 +91,7 @@ void     rs_rx_publish_credit(rs_conn *c, int force);
 ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int      rs_pre_switch(int fd);
 ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+int      rs_pre_settle(rs_conn *c);
 ssize_t  rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms);
 
 /* rs_doorbell.c */

@@ -148,6 +148,19 @@ static int read_header(rs_conn *c)
     return 1;
 }
 
+/* Waiting hooks: if the next thing on the socket is the SWITCH frame, consumes it (it is
+ * not application data, so it must not make the socket look readable).  Returns 1 when
+ * the preamble is over. */
+int rs_pre_settle(rs_conn *c)
+{
+    if (!c->rx_pre) return 1;
+    if (c->pre_left || c->err) return 0;
+    uint8_t h[RS_PRE_HDR];
+    long n = rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
+    if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
+    return !c->rx_pre;
+}
+
 /* Reads preamble payload into buf.  Returns bytes (> 0), 0 at EOF, -errno, or
  * RS_PRE_OVER once SWITCH has been consumed (the caller goes on with the ring). */
 ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)

@@ -47,6 +47,28 @@ static inline struct rs_link *ring_link(int fd)
     return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING && !l->conn->rx_pre ? l : NULL;
 }
 
+/* Handshake, or a server still expecting the client's SWITCH: bytes on the kernel socket
+ * may not be application data. */
+static inline int in_handshake(struct rs_link *l)
+{
+    int s = l && !rs_in_engine ? __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) : RS_PLAIN;
+    return s == RS_CLIENT_HS || s == RS_SERVER_HS || (s == RS_RING && l->conn->rx_pre);
+}
+
+/* One non-blocking step towards the end of the handshake / preamble. */
+static inline void settle(int fd, struct rs_link *l)
+{
+    rs_step(fd, l, 0);
+    if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING) rs_pre_settle(l->conn);
+}
+
+/* After settling: still nothing but handshake bytes could be waiting. */
+static inline int only_handshake(struct rs_link *l)
+{
+    int s = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
+    return s == RS_CLIENT_HS || s == RS_SERVER_HS;
+}
+
 static short ring_revents(rs_conn *c, short events)
 {
     short r = 0;
@@ -94,7 +116,7 @@ static int collect(struct pollfd *fds, nfds_t n, struct rs_link **links, short *
 
 #define POLL_STACK 256
 
-static int poll_common(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
     struct rs_link *lbuf[POLL_STACK], **links = lbuf;
     short wbuf[POLL_STACK], *want = wbuf;
@@ -154,6 +176,50 @@ out:
     return r;
 }
 
+/* Sockets still in the handshake: the HELLO or ACCEPT waiting in the kernel socket makes
+ * it readable, but it is not the application's data.  Such a socket is settled (one
+ * non-blocking handshake step) before the wait and again when the kernel reports it; a
+ * wake-up that was only the handshake is not reported and the wait goes on. */
+static int poll_common(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        uint8_t hs_buf[POLL_STACK];
+        int any_hs = 0;
+        for (nfds_t i = 0; i < n; i++) {
+            struct rs_link *l = rs_link_of(fds[i].fd);
+            if (in_handshake(l)) settle(fds[i].fd, l);
+            int still = in_handshake(l);
+            if (i < POLL_STACK) hs_buf[i] = (uint8_t)still;
+            any_hs |= still;
+        }
+        int ms = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t t = now_ns();
+            ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
+        }
+        int r = poll_rings(fds, n, ms, mask);
+        if (r <= 0 || !any_hs || n > POLL_STACK) return r;
+        int count = 0, settled = 0;
+        for (nfds_t i = 0; i < n; i++) {
+            if (hs_buf[i] && (fds[i].revents & POLLIN)) {
+                struct rs_link *l = rs_link_of(fds[i].fd);
+                settle(fds[i].fd, l);
+                settled = 1;
+                if (only_handshake(l)) {
+                    fds[i].revents &= (short)~(POLLIN | POLLRDNORM);
+                } else {
+                    struct pollfd one = { .fd = fds[i].fd, .events = fds[i].events };
+                    poll_rings(&one, 1, 0, NULL);
+                    fds[i].revents = one.revents;
+                }
+            }
+            if (fds[i].revents) count++;
+        }
+        if (count || !settled || (deadline != UINT64_MAX && now_ns() >= deadline)) return count;
+    }
+}
+
 RS_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout_ms)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
@@ -185,7 +251,7 @@ RS_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, con
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
     if (!rs_nlinks || rs_in_engine) return rs_real.ppoll(fds, n, ts, mask);
     int any = 0;
-    for (nfds_t i = 0; i < n && !any; i++) any = ring_link(fds[i].fd) != NULL;
+    for (nfds_t i = 0; i < n && !any; i++) any = ring_link(fds[i].fd) || in_handshake(rs_link_of(fds[i].fd));
     if (!any) return rs_real.ppoll(fds, n, ts, mask);
     return poll_common(fds, n, ts_ms(ts), mask);
 }
@@ -197,7 +263,7 @@ static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e, int timeout_
     if (nfds > FD_SETSIZE) nfds = FD_SETSIZE;
     int any = 0;
     for (int fd = 0; fd < nfds && !any; fd++)
-        if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w))) && ring_link(fd)) any = 1;
+        if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w))) && (ring_link(fd) || in_handshake(rs_link_of(fd)))) any = 1;
     if (!any) return 0;
     *handled = 1;
     struct pollfd p[FD_SETSIZE];
@@ -371,6 +437,14 @@ static int ep_filter_out(struct ep_set *s, struct epoll_event *ev, int k)
     for (int j = 0; j < k; j++) {
         for (int i = 0; i < s->n; i++) {
             if (s->m[i].data.u64 != ev[j].data.u64) continue;
+            struct rs_link *hl = rs_link_of(s->m[i].fd);
+            if (in_handshake(hl)) {
+                /* woken by handshake bytes: settle, and report only the application's data */
+                settle(s->m[i].fd, hl);
+                struct rs_link *rl = ring_link(s->m[i].fd);
+                if (only_handshake(hl) || (rl && !rs_rx_ready(rl->conn)))
+                    ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+            }
             struct rs_link *l = ring_link(s->m[i].fd);
             if (!l) break;
             if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(l->conn)) {
@@ -387,12 +461,17 @@ static int ep_filter_out(struct ep_set *s, struct epoll_event *ev, int k)
     return n;
 }
 
+/* Settles members still in the handshake; 1 if the set has upgraded or settling members. */
 static int ep_has_ring(struct ep_set *s)
 {
     if (!s) return 0;
-    for (int i = 0; i < s->n; i++)
-        if (ring_link(s->m[i].fd)) return 1;
-    return 0;
+    int any = 0;
+    for (int i = 0; i < s->n; i++) {
+        struct rs_link *l = rs_link_of(s->m[i].fd);
+        if (in_handshake(l)) { settle(s->m[i].fd, l); any = 1; }
+        if (ring_link(s->m[i].fd)) any = 1;
+    }
+    return any;
 }
 
 static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask)
