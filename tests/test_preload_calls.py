@@ -125,13 +125,7 @@ _ORIG_FD = ("an upgraded connection keeps using the descriptor number it was cre
             "(EOF) although the peer sends 100 ms later; once the number is reused, doorbell bytes 0xD7 are "
             "written into the unrelated socket now holding it and the peer's wake-ups are lost (it finds the data "
             "only at its 500 ms re-check)")
-KNOWN_BUGS = {
-    "close_original_keeps_conn": _ORIG_FD,
-    "close_dups_keeps_conn": _ORIG_FD,
-    "dup_data_c": _ORIG_FD,
-    "closed_fd_number_untouched": _ORIG_FD,
-    "read_after_peer_fd_reuse": _ORIG_FD,
-}
+KNOWN_BUGS = {}
 # Only in the fortified build (the plain build calls the interposed ppoll).
 FORTIFY_BUGS = {}
 MISSING_CHK_EXPORTS = {}        # fortified entry point -> bug, if librdmasock.so lacks one

@@ -7,6 +7,8 @@ struct rs_link *rs_fdmap[RS_MAXFD];
 int rs_nlinks;
 static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void rehome(struct rs_link *l, int gone);
+
 struct rs_link *rs_link_new(int fd, int state)
 {
     if ((unsigned)fd >= RS_MAXFD) return NULL;
@@ -37,9 +39,20 @@ void rs_link_share(int newfd, struct rs_link *l)
     if (old && old != l) {
         pthread_mutex_lock(&map_lock);
         int last = --old->refs == 0;
+        if (!last) rehome(old, newfd);
         pthread_mutex_unlock(&map_lock);
         if (last) rs_link_free(old, -1);
     }
+}
+
+/* The connection's doorbells and waits use one descriptor number; when that number is
+ * closed while duplicates live on, they move to a surviving duplicate.  (Called with
+ * map_lock held; a linear scan, but only in this rare case.) */
+static void rehome(struct rs_link *l, int gone)
+{
+    if (!l->conn || l->conn->fd != gone) return;
+    for (int fd = 0; fd < RS_MAXFD; fd++)
+        if (rs_fdmap[fd] == l) { __atomic_store_n(&l->conn->fd, fd, __ATOMIC_RELEASE); return; }
 }
 
 struct rs_link *rs_link_detach(int fd)
@@ -51,6 +64,7 @@ struct rs_link *rs_link_detach(int fd)
     if (l) {
         __atomic_store_n(&rs_fdmap[fd], NULL, __ATOMIC_RELEASE);
         last = --l->refs == 0;
+        if (!last) rehome(l, fd);
     }
     pthread_mutex_unlock(&map_lock);
     return last ? l : NULL;
