@@ -383,11 +383,12 @@ def _bug_params():
                                marks=pytest.mark.xfail(strict=True, reason=why))
 
 
-@pytest.mark.parametrize("scenario,check", list(_bug_params()))
-def test_known_bug(scenario, check, workdir):
-    r = _run(scenario, workdir)
-    ok, why = r.status(check)
-    assert ok, why
+if list(_bug_params()):           # only while bugs are known: no empty "skipped" item
+    @pytest.mark.parametrize("scenario,check", list(_bug_params()))
+    def test_known_bug(scenario, check, workdir):
+        r = _run(scenario, workdir)
+        ok, why = r.status(check)
+        assert ok, why
 
 
 def _nm_undefined(path):
