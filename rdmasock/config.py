@@ -21,7 +21,7 @@ class Config:
         self.disabled = env.get("RDMASOCK_DISABLE", "").lower() in _TRUE
         self.transports = [t.strip() for t in env.get("RDMASOCK_TRANSPORTS", "shm,rdma").split(",") if t.strip()]
         self.ring_size = _pow2(int(env.get("RDMASOCK_RING_SIZE", str(256 * 1024))))
-        self.spin_us = int(env.get("RDMASOCK_SPIN_US", "50"))
+        self.spin_us = int(env.get("RDMASOCK_SPIN_US", "1000"))
         self.log_file = env.get("RDMASOCK_LOG_FILE") or None
         level = env.get("RDMASOCK_LOG_LEVEL", "info").lower()
         self.log_level = LOG_LEVELS.index(level) if level in LOG_LEVELS else LOG_LEVELS.index("info")

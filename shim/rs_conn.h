@@ -94,6 +94,10 @@ ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_m
 int      rs_pre_settle(rs_conn *c);
 ssize_t  rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms);
 
+/* 1 if the peer producing into our ring last ran on the CPU we run on: spinning then only
+ * takes the CPU from the very process we wait for. */
+int      rs_peer_shares_cpu(rs_conn *c);
+
 /* rs_doorbell.c */
 uint64_t rs_now_ns(void);
 void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind);

@@ -177,9 +177,16 @@ static ssize_t ring_available(rs_conn *c)
 
 /* Adaptive spin: a budget that halves when spinning found nothing and grows back when it
  * did, so two processes sharing one CPU quickly stop burning each other's time slice. */
+int rs_peer_shares_cpu(rs_conn *c)
+{
+    if (!c->rx_ctl) return 0;
+    unsigned peer = __atomic_load_n(&c->rx_ctl->tx_cpu, __ATOMIC_RELAXED);
+    return peer && peer == (unsigned)sched_getcpu() + 1u;
+}
+
 static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek)
 {
-    if (!c->spin_ns) return 0;
+    if (!c->spin_ns || rs_peer_shares_cpu(c)) return 0;
     struct rs_dir_ctl *k = c->rx_ctl;
     if (!peek) {            /* a peek absorbs nothing, so it must not let the producer skip bells */
         __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);

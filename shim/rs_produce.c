@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include "rs_conn.h"
@@ -132,6 +133,9 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
         sent += chunk;
     }
     __atomic_store_n(&c->tx_ctl->tx_bytes, c->tx_bytes, __ATOMIC_RELAXED);
+    unsigned cpu = (unsigned)sched_getcpu() + 1u;          /* vDSO: no system call */
+    if (__atomic_load_n(&c->tx_ctl->tx_cpu, __ATOMIC_RELAXED) != cpu)
+        __atomic_store_n(&c->tx_ctl->tx_cpu, cpu, __ATOMIC_RELAXED);
     rs_tx_flush_bell(c);
     if (sent == 0 && len > 0) return -EAGAIN;
     return (ssize_t)sent;

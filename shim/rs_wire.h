@@ -66,7 +66,7 @@ struct rs_dir_ctl {
     uint64_t tx_bytes;      /* payload bytes published into the ring so far */
     uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */
     uint32_t tx_waiting;    /* producer is blocked on a full ring, wants a credit doorbell */
-    uint32_t reserved;
+    uint32_t tx_cpu;        /* advisory: 1 + the CPU the producer last ran on (0 unknown) */
     uint8_t  pad1[64 - 24];
 };
 

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t spin_ns = 50000;
-static __thread uint64_t spin_cur = 50000;   /* adaptive, <= spin_ns (see rs_consume.c) */
+static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US, default 1000 us (adaptive below it) */
+static __thread uint64_t spin_cur = 1000000;  /* adaptive, <= spin_ns (see rs_consume.c) */
 
 /* Spins share the CPU: after a short pure spin, every round yields, so a peer on the
  * same CPU runs; the budget halves when a spin found nothing and doubles when it did. */
@@ -136,10 +136,12 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     }
     uint64_t start = now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
-    int r;
+    int r, apart = 0;                   /* spin only for a peer on another CPU */
+    for (nfds_t i = 0; i < n; i++)
+        if (links[i] && !rs_peer_shares_cpu(links[i]->conn)) apart = 1;
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
-        uint64_t t0 = now_ns(), spin_end = t0 + spin_budget();
+        uint64_t t0 = now_ns(), spin_end = t0 + (apart ? spin_budget() : 0);
         if (spin_end > deadline) spin_end = deadline;
         for (unsigned it = 0;; it++) {
             int any = 0;
@@ -147,12 +149,12 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
                 if (links[i] && ring_revents(links[i]->conn, want[i])) any = 1;
             if (any || (it & 15) == 15) {
                 r = collect(fds, n, links, want);
-                if (r != 0) { if (timeout_ms) spin_result(1); goto out; }
+                if (r != 0) { if (timeout_ms && apart) spin_result(1); goto out; }
             }
             if (now_ns() >= spin_end) break;
             spin_pause(t0);
         }
-        if (timeout_ms) spin_result(0);
+        if (timeout_ms && apart) spin_result(0);
         if (timeout_ms == 0 || now_ns() >= deadline) { r = collect(fds, n, links, want); goto out; }
         int armed_ready = 0;
         for (nfds_t i = 0; i < n; i++)
@@ -481,7 +483,13 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
         return mask ? rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask) : rs_real.epoll_wait(epfd, ev, max, timeout_ms);
     uint64_t start = now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
-    uint64_t spin_end = start + spin_budget() < deadline ? start + spin_budget() : deadline;
+    uint64_t budget = spin_budget(), apart = 0;       /* spin only for a peer on another CPU */
+    for (int i = 0; i < s->n && !apart; i++) {
+        struct rs_link *l = ring_link(s->m[i].fd);
+        if (l && !rs_peer_shares_cpu(l->conn)) apart = 1;
+    }
+    if (!apart) budget = 0;
+    uint64_t spin_end = start + budget < deadline ? start + budget : deadline;
     for (unsigned it = 0;; it++) {
         int k = 0;
         if ((it & 15) == 0) {
@@ -492,11 +500,11 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
         if (k > 0) k = ep_filter_out(s, ev, k);
         int n = ep_from_rings(epfd, s, ev, k, max);
         pthread_mutex_unlock(&ep_lock);
-        if (n) { if (timeout_ms) spin_result(1); return n; }
+        if (n) { if (timeout_ms && apart) spin_result(1); return n; }
         if (now_ns() >= spin_end) break;
         spin_pause(start);
     }
-    if (timeout_ms) spin_result(0);
+    if (timeout_ms && apart) spin_result(0);
     unsigned nap_us = 20;
     for (;;) {
         if (timeout_ms == 0 || now_ns() >= deadline) return 0;
