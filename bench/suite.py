@@ -1,0 +1,708 @@
+"""rdmasock benchmark suite (issue 5): sub-benchmarks that measure their baseline in the same run.
+
+    .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|all ...] [--reps 5] [--quick]
+                                    [--duration S] [--placements same,cross] [--no-plots]
+    rdmasock bench [same arguments]            (`rdmasock bench core` runs the older bench/core.py)
+
+Sub-benchmarks
+  pingpong  64-byte round trips/s.  C program bench/c/sockbench.c over TCP and over a Unix
+            socket, the same program with both sides under `rdmasock run` (LD_PRELOAD, shm),
+            the Python API (bench/worker.py: socket vs rdmasock.socket), and bench/c/shmspin.c,
+            a raw shared-memory spin ping-pong (two processes, one page, cross-CPU) as the
+            physical limit of the machine.  Ratios vs TCP at its best placement and vs the limit.
+  stream    throughput of writes of 64 B .. 1 MiB: sockbench over TCP vs under rdmasock, and
+            memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit.
+  redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
+            server and client both preloaded (bench/programs.py, bench/servers.py).
+  pgbench   TPC-B, scale 1 (--pg-scales 1,10 for more), 1 and 4 clients, synchronous_commit=off,
+            fsync=off, plain vs server and client both preloaded (bench/pgbench_demo.py).
+
+Method: every process is pinned with taskset; the server side on CPU 0, the client on CPU 0
+("same") or CPU 1 ("cross").  Each program warms up before it measures.  Repetitions are
+interleaved (rep 1 of every variant, then rep 2, ...) so that the baseline and rdmasock see
+the same machine state; reported are median, min and max of --reps repetitions (default 5;
+--quick: 1 short repetition, a smoke run, not a measurement).  Every rdmasock row is checked
+in RDMASOCK_LOG_FILE: unless every connection of the run logged transport=shm, the row is
+marked (fallback/unverified) and no ratio is claimed from it.  Progress goes to stderr.
+
+Outputs: bench/results/<names>-<time>.json and .md (or --out-dir), and PNG plots next to
+them when matplotlib can be imported (else skipped with a message: install python3-matplotlib)."""
+import argparse
+import json
+import os
+import platform
+import re
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import servers as S  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results")
+CSRC = os.path.join(HERE, "c")
+WORKER = os.path.join(HERE, "worker.py")
+SERVER_CPU = 0
+RUN_TIMEOUT = 120
+BENCHES = ("pingpong", "stream", "redis", "pgbench")
+STREAM_SIZES = (64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+TARGETS = {                                   # issue 5, "Targets on this 2-core machine kind"
+    "pingpong_c_preload_rt_s": 1_000_000,
+    "pingpong_c_preload_vs_tcp": 20.0,
+    "pingpong_c_preload_vs_limit": 0.5,
+    "stream_64k_vs_tcp": 3.0,
+    "redis_get_c1_vs_tcp": 2.0,
+    "pgbench_c1_vs_tcp": 1.7,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# common machinery
+
+class Progress:
+    """One line per finished run on stderr: [bench i/N elapsed eta] what: value."""
+
+    def __init__(self, bench, total):
+        self.bench, self.total, self.done, self.t0 = bench, total, 0, time.monotonic()
+
+    def step(self, msg):
+        self.done += 1
+        el = time.monotonic() - self.t0
+        eta = el / self.done * (self.total - self.done)
+        print("[%s %d/%d %4.0fs, ~%.0fs left] %s" % (self.bench, self.done, self.total, el, eta, msg),
+              file=sys.stderr, flush=True)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def placements(wanted):
+    p = {"same": (SERVER_CPU, SERVER_CPU)}
+    if (os.cpu_count() or 1) > 1:
+        p["cross"] = (SERVER_CPU, 1)
+    return {k: v for k, v in p.items() if k in wanted}
+
+
+def stats(values):
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+class Row:
+    """One measured variant: repetitions of one number, plus the transport verdict of each."""
+
+    def __init__(self, bench, name, placement, cpus, unit, baseline=False, rdmasock=False, **extra):
+        self.d = {"bench": bench, "name": name, "placement": placement, "cpus": list(cpus) if cpus else None,
+                  "unit": unit, "baseline": baseline, "rdmasock": rdmasock, "runs": [], "transport": [],
+                  "errors": []}
+        self.d.update(extra)
+
+    def add(self, value, transport):
+        self.d["runs"].append(value)
+        self.d["transport"].append(transport)
+
+    def fail(self, err):
+        self.d["errors"].append(str(err)[-800:])
+
+    def finish(self):
+        self.d.update(stats(self.d["runs"]))
+        trs = set(self.d["transport"])
+        if self.d["errors"]:
+            self.d["status"] = "failed" if not self.d["runs"] else "partial"
+        elif self.d["rdmasock"] and trs != {"shm"}:
+            self.d["status"] = "NOT shm: " + ",".join(sorted(trs))
+        else:
+            self.d["status"] = "ok"
+        self.d["verified_shm"] = self.d["rdmasock"] and trs == {"shm"} and not self.d["errors"]
+        return self.d
+
+
+def verdict(log_file, mark, port, conns=1):
+    """'shm' if >= conns client lines about port since mark and all are shm, else why not."""
+    recs = [r for r in S.parse_log(log_file, mark) if r["role"] == "client" and S.addr_port(r["peer"]) == port]
+    if len(recs) < conns:
+        return "unverified (%d of %d client log lines)" % (len(recs), conns)
+    bad = [r for r in recs if r["transport"] != "shm"]
+    if bad:
+        return "fallback:" + ",".join(sorted({"%s/%s" % (r["transport"], r["reason"]) for r in bad}))
+    return "shm"
+
+
+def compile_c(workdir):
+    """bench/c/{sockbench,shmspin,memcpybw}.c -> workdir; returns name -> binary path."""
+    out = {}
+    for name in ("sockbench", "shmspin", "memcpybw"):
+        dst = os.path.join(workdir, name)
+        S.run(["cc", "-O2", "-Wall", "-o", dst, os.path.join(CSRC, name + ".c")], timeout=120)
+        out[name] = dst
+    return out
+
+
+def read_line(proc, timeout):
+    """First stdout line of proc within timeout seconds ('' on EOF / timeout)."""
+    end = time.monotonic() + timeout
+    buf = b""
+    fd = proc.stdout.fileno()
+    while b"\n" not in buf:
+        left = end - time.monotonic()
+        if left <= 0:
+            return ""
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            return ""
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").split("\n", 1)[0]
+
+
+def stop(proc, timeout=10):
+    """Wait for a process we started; kill it (and its children) by PID if it lingers."""
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        S.kill_tree(proc)
+    for f in (proc.stdout, proc.stderr):
+        if f:
+            f.close()
+
+
+def sock_pair(binary, kind, addr, cpus, preload, mode, size, secs, log_file):
+    """One run of sockbench: server then client, pinned; returns (value, port or None)."""
+    env = S.client_env(log_file)
+    srv = subprocess.Popen(S.pin(cpus[0]) + S.preload_cmd([binary, "server", kind, addr], preload),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                           start_new_session=True)
+    try:
+        line = read_line(srv, 30)
+        if kind == "tcp":
+            m = re.match(r"port (\d+)", line)
+            if not m:
+                raise RuntimeError("sockbench server did not report its port: %r %s" % (line, _err(srv)))
+            addr = m.group(1)
+        elif line != "ready":
+            raise RuntimeError("sockbench server not ready: %r %s" % (line, _err(srv)))
+        res = S.run(S.pin(cpus[1]) + S.preload_cmd([binary, "client", kind, addr, mode, str(size), str(secs)],
+                                                   preload), timeout=secs + RUN_TIMEOUT, env=env)
+        out = res.stdout.decode()
+        m = re.search(r"(round_trips_per_s|bytes_per_s) (\d+)", out)
+        if not m:
+            raise RuntimeError("sockbench client printed %r" % out)
+        return float(m.group(2)), (int(addr) if kind == "tcp" else None)
+    finally:
+        stop(srv)
+
+
+def _err(proc):
+    if proc.poll() is None:
+        return ""
+    return "(exited %s: %s)" % (proc.returncode, proc.stderr.read().decode(errors="replace")[-500:])
+
+
+def py_pair(impl, cpus, n, workdir, seq):
+    """One run of bench/worker.py ping-pong (64 B); returns (round trips/s, transport)."""
+    portfile = os.path.join(workdir, "port-%d" % seq)
+    env = S.base_env({"PYTHONPATH": S.REPO})
+    srv = subprocess.Popen(S.pin(cpus[0]) + [S.VENV_PY, WORKER, "server", impl, portfile],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                           start_new_session=True)
+    try:
+        if not S.wait_until(lambda: os.path.exists(portfile) or srv.poll() is not None, 30) \
+                or not os.path.exists(portfile):
+            raise RuntimeError("python worker server did not start %s" % _err(srv))
+        with open(portfile) as f:
+            port = f.read().strip()
+        res = S.run(S.pin(cpus[1]) + [S.VENV_PY, WORKER, "client", impl, port, "pingpong", "64", str(n)],
+                    timeout=RUN_TIMEOUT, env=env)
+        d = json.loads(res.stdout.decode().strip().splitlines()[-1])
+        return d["ops_per_s"], d["transport"]
+    finally:
+        stop(srv)
+
+
+# ---------------------------------------------------------------------------------------------
+# pingpong
+
+def bench_pingpong(args, ctx):
+    secs = args.duration or (0.3 if args.quick else 1.0)
+    places = ctx["places"]
+    bins, log_file, work = ctx["bins"], ctx["log_file"], ctx["work"]
+    variants = []          # (Row, fn() -> (value, transport))
+    for pl, cpus in places.items():
+        for kind, label in (("tcp", "TCP (C)"), ("unix", "Unix socket (C)")):
+            def fn(kind=kind, cpus=cpus):
+                addr = "0" if kind == "tcp" else os.path.join(work, "pp.sock")
+                v, _ = sock_pair(bins["sockbench"], kind, addr, cpus, False, "pingpong", 64, secs, None)
+                return v, kind
+            variants.append((Row("pingpong", label, pl, cpus, "rt/s", baseline=(kind == "tcp"), kind=kind), fn))
+    if not args.tcp_only:
+        for pl, cpus in places.items():
+            def fn(cpus=cpus):
+                mark = S.log_size(log_file)
+                v, port = sock_pair(bins["sockbench"], "tcp", "0", cpus, True, "pingpong", 64, secs, log_file)
+                return v, verdict(log_file, mark, port)
+            variants.append((Row("pingpong", "rdmasock shm, C via LD_PRELOAD", pl, cpus, "rt/s", rdmasock=True,
+                                 kind="preload"), fn))
+    py_n = {}
+    for impl in (("tcp",) if args.tcp_only else ("tcp", "rdmasock")):
+        for pl, cpus in places.items():
+            key = (impl, pl)
+            py_n[key] = 5000 if impl == "tcp" else 20000
+
+            def fn(impl=impl, cpus=cpus, key=key):
+                ctx["seq"] += 1
+                v, tr = py_pair(impl, cpus, py_n[key], work, ctx["seq"])
+                py_n[key] = max(1000, int(v * secs))         # next repetition runs ~secs
+                return v, tr
+            label = "TCP (Python socket)" if impl == "tcp" else "rdmasock shm, Python API"
+            variants.append((Row("pingpong", label, pl, cpus, "rt/s", rdmasock=(impl == "rdmasock"),
+                                 kind="python-" + impl), fn))
+    if "cross" in places:
+        def fn():
+            res = S.run(["taskset", "-c", "%d,%d" % places["cross"], bins["shmspin"], str(places["cross"][0]),
+                         str(places["cross"][1]), str(secs)], timeout=secs + RUN_TIMEOUT)
+            return float(re.search(r"round_trips_per_s (\d+)", res.stdout.decode()).group(1)), "shm-raw"
+        variants.append((Row("pingpong", "raw shared-memory spin (limit)", "cross", places["cross"], "rt/s",
+                             kind="limit"), fn))
+    rows = run_variants("pingpong", variants, args.reps, lambda v: "%.0f rt/s" % v)
+
+    # ratios and targets
+    def best(kind):
+        c = [r for r in rows if r.get("kind") == kind and r["median"] and r["status"] in ("ok",)]
+        return max(c, key=lambda r: r["median"]) if c else None
+    tcp, lim, pre = best("tcp"), best("limit"), best("preload")
+    for r in rows:
+        if r["median"] and tcp:
+            r["vs_tcp_best"] = round(r["median"] / tcp["median"], 2)
+        if r["median"] and lim:
+            r["vs_limit"] = round(r["median"] / lim["median"], 3)
+    summary, targets = [], []
+    if tcp:
+        summary.append("TCP best placement: %s (%.0f rt/s)" % (tcp["placement"], tcp["median"]))
+    if pre and tcp and lim:
+        targets += [target("C ping-pong via LD_PRELOAD >= 1,000,000 rt/s", pre["median"],
+                           TARGETS["pingpong_c_preload_rt_s"], "%.0f rt/s"),
+                    target("C ping-pong via LD_PRELOAD >= 20x TCP best", pre["median"] / tcp["median"],
+                           TARGETS["pingpong_c_preload_vs_tcp"], "%.2fx"),
+                    target("C ping-pong via LD_PRELOAD >= 0.5 of raw spin limit", pre["median"] / lim["median"],
+                           TARGETS["pingpong_c_preload_vs_limit"], "%.2f")]
+    elif not args.tcp_only:
+        summary.append("no verified LD_PRELOAD row: targets not evaluated")
+    return {"rows": rows, "summary": summary, "targets": targets,
+            "columns": ["name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
+            "title": "64-byte ping-pong, round trips/s (%.1f s per repetition)" % secs}
+
+
+def target(what, value, need, fmt):
+    return {"target": what, "value": value, "need": need, "met": value >= need,
+            "text": "%s: %s -> %s" % (what, fmt % value, "MET" if value >= need else "missed")}
+
+
+def run_variants(bench, variants, reps, fmt):
+    prog = Progress(bench, len(variants) * reps)
+    for rep in range(reps):
+        for row, fn in variants:
+            what = "rep %d %s [%s]" % (rep + 1, row.d["name"], row.d["placement"])
+            try:
+                v, tr = fn()
+                row.add(v, tr)
+                prog.step("%s: %s (%s)" % (what, fmt(v), tr))
+            except Exception as e:               # noqa: BLE001 - a failed run is recorded, the suite goes on
+                row.fail(e)
+                prog.step("%s: FAILED %s" % (what, str(e).strip().splitlines()[-1][:200] if str(e).strip() else e))
+    return [row.finish() for row, _ in variants]
+
+
+# ---------------------------------------------------------------------------------------------
+# stream
+
+def bench_stream(args, ctx):
+    secs = args.duration or (0.2 if args.quick else 0.5)
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(STREAM_SIZES)
+    places, bins, log_file = ctx["places"], ctx["bins"], ctx["log_file"]
+    variants = []
+    for size in sizes:
+        for pl, cpus in places.items():
+            for preload in ((False,) if args.tcp_only else (False, True)):
+                def fn(size=size, cpus=cpus, preload=preload):
+                    mark = S.log_size(log_file)
+                    v, port = sock_pair(bins["sockbench"], "tcp", "0", cpus, preload, "stream", size, secs,
+                                        log_file if preload else None)
+                    return v / 1e6, (verdict(log_file, mark, port) if preload else "tcp")
+                variants.append((Row("stream", "rdmasock shm (C via LD_PRELOAD)" if preload else "TCP (C)", pl,
+                                     cpus, "MB/s", baseline=not preload, rdmasock=preload, size=size,
+                                     kind="preload" if preload else "tcp"), fn))
+
+        def fn(size=size):
+            res = S.run(S.pin(SERVER_CPU) + [bins["memcpybw"], str(size), str(secs)], timeout=secs + RUN_TIMEOUT)
+            return float(re.search(r"bytes_per_s (\d+)", res.stdout.decode()).group(1)) / 1e6, "memcpy"
+        variants.append((Row("stream", "memcpy into 4 MiB ring (limit)", "one CPU", [SERVER_CPU], "MB/s",
+                             size=size, kind="limit"), fn))
+    rows = run_variants("stream", variants, args.reps, lambda v: "%.0f MB/s" % v)
+    summary, targets = [], []
+    for size in sizes:
+        same = [r for r in rows if r["size"] == size]
+        tcp = [r for r in same if r["kind"] == "tcp" and r["median"] and r["status"] == "ok"]
+        lim = [r for r in same if r["kind"] == "limit" and r["median"]]
+        tb = max(tcp, key=lambda r: r["median"]) if tcp else None
+        for r in same:
+            if r["median"] and tb:
+                r["vs_tcp_best"] = round(r["median"] / tb["median"], 2)
+            if r["median"] and lim:
+                r["vs_limit"] = round(r["median"] / lim[0]["median"], 3)
+        pre = [r for r in same if r["kind"] == "preload" and r["median"] and r["status"] == "ok"]
+        if size == 64 << 10 and tb and pre:
+            pb = max(pre, key=lambda r: r["median"])
+            targets.append(target("64 KiB stream >= 3x TCP best", pb["median"] / tb["median"],
+                                  TARGETS["stream_64k_vs_tcp"], "%.2fx"))
+    return {"rows": rows, "summary": summary, "targets": targets,
+            "columns": ["size", "name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
+            "title": "stream: one connection, writes of SIZE bytes, MB/s (%.1f s per repetition)" % secs}
+
+
+# ---------------------------------------------------------------------------------------------
+# redis
+
+def bench_redis(args, ctx):
+    import programs as P
+    tests = ["ping_inline", "get", "set"]
+    conns_list = [int(c) for c in args.redis_conns.split(",")]
+    impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
+    places, log_file = ctx["places"], ctx["log_file"]
+    servers = {}
+    rows = {}
+    variants = []
+    try:
+        for impl in impls:
+            servers[impl] = S.RedisServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file).start()
+            log("redis-server (%s) on port %d, CPU %d" % (impl, servers[impl].port, SERVER_CPU))
+        for conns in conns_list:
+            for pl, cpus in places.items():
+                for impl in impls:
+                    for t in tests:
+                        rows[(t, conns, pl, impl)] = Row("redis", t.upper(), pl, cpus, "req/s",
+                                                         baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
+                                                         conns=conns, impl=impl, kind=impl)
+
+                    def fn(conns=conns, cpus=cpus, impl=impl, pl=pl):
+                        srv = servers[impl]
+                        mark = S.log_size(log_file)
+                        rates = P.run_bench(srv, tests, conns, P.requests_for(conns, args.quick), impl == "rdmasock",
+                                            cpus[1], log_file)
+                        tr = "tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns)
+                        for t in tests:
+                            rows[(t, conns, pl, impl)].add(rates[t.upper()], tr)
+                        return rates["GET"], tr
+                    variants.append((_Sink("redis -c %d %s" % (conns, impl), pl, rows, (conns, pl, impl)), fn))
+        prog = Progress("redis", len(variants) * args.reps)
+        for rep in range(args.reps):
+            for sink, fn in variants:
+                try:
+                    v, tr = fn()
+                    prog.step("rep %d %s [%s]: GET %.0f req/s (%s)" % (rep + 1, sink.name, sink.pl, v, tr))
+                except Exception as e:           # noqa: BLE001
+                    for k, r in rows.items():
+                        if k[1:] == sink.key:
+                            r.fail(e)
+                    prog.step("rep %d %s [%s]: FAILED %s" % (rep + 1, sink.name, sink.pl, str(e)[-200:]))
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    out = [r.finish() for r in rows.values()]
+    targets = []
+    for r in out:
+        base = [b for b in out if b["kind"] == "tcp" and b["name"] == r["name"] and b["conns"] == r["conns"]
+                and b["median"] and b["status"] == "ok"]
+        if base and r["median"]:
+            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in base), 2)
+    pre = [r for r in out if r["kind"] == "rdmasock" and r["name"] == "GET" and r["conns"] == 1
+           and r["status"] == "ok" and r["median"]]
+    base = [r for r in out if r["kind"] == "tcp" and r["name"] == "GET" and r["conns"] == 1 and r["median"]]
+    if pre and base:
+        targets.append(target("redis-benchmark GET -c 1 >= 2x TCP best", max(r["median"] for r in pre)
+                              / max(r["median"] for r in base), TARGETS["redis_get_c1_vs_tcp"], "%.2fx"))
+    return {"rows": out, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining" % (
+                SERVER_CPU, ",".join(str(P.requests_for(c, args.quick)) for c in conns_list))],
+            "targets": targets,
+            "columns": ["name", "conns", "placement", "impl", "median", "min", "max", "vs_tcp_best", "status"],
+            "title": "redis-benchmark, requests/s"}
+
+
+class _Sink:
+    def __init__(self, name, pl, rows, key):
+        self.name, self.pl, self.rows, self.key = name, pl, rows, key
+
+
+# ---------------------------------------------------------------------------------------------
+# pgbench
+
+def bench_pgbench(args, ctx):
+    import pgbench_demo as PG
+    duration = args.duration or (3 if args.quick else 10)
+    scales = [int(s) for s in args.pg_scales.split(",")]
+    clients = [int(c) for c in args.pg_clients.split(",")]
+    impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
+    places, log_file = ctx["places"], ctx["log_file"]
+    servers, variants = {}, []
+    try:
+        for impl in impls:
+            log("starting PostgreSQL (%s) on CPU %d, initialising scale %s" % (impl, SERVER_CPU, scales))
+            srv = S.PgServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file)
+            servers[impl] = srv.start()
+            for sc in scales:
+                S.run(S.psql_argv(srv.port) + ["-c", "CREATE DATABASE bench%d" % sc], timeout=60, env=S.client_env())
+                S.run(S.pin(SERVER_CPU) + S.preload_cmd(
+                    [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-i", "-s", str(sc), "-q",
+                     "bench%d" % sc], impl == "rdmasock"), timeout=900, env=S.client_env(log_file))
+        for sc in scales:
+            for c in clients:
+                for pl, cpus in places.items():
+                    for impl in impls:
+                        def fn(sc=sc, c=c, cpus=cpus, impl=impl):
+                            srv = servers[impl]
+                            mark = S.log_size(log_file)
+                            argv = S.pin(cpus[1]) + S.preload_cmd(
+                                [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-c", str(c),
+                                 "-j", "1", "-T", str(duration), "bench%d" % sc], impl == "rdmasock")
+                            res = S.run(argv, timeout=duration + 180, env=S.client_env(log_file))
+                            out = res.stdout.decode(errors="replace")
+                            m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+                            if not m or not re.search(r"number of failed transactions: 0 ", out):
+                                raise RuntimeError("pgbench output unexpected: " + out[-800:])
+                            tr = "tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, c)
+                            return float(m.group(1)), tr
+                        variants.append((Row("pgbench", "TPC-B %s" % ("TCP" if impl == "tcp" else "rdmasock shm"),
+                                             pl, cpus, "tps", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
+                                             scale=sc, clients=c, kind=impl), fn))
+        rows = run_variants("pgbench", variants, args.reps, lambda v: "%.1f tps" % v)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    targets = []
+    for r in rows:
+        base = [b for b in rows if b["kind"] == "tcp" and b["scale"] == r["scale"] and b["clients"] == r["clients"]
+                and b["median"] and b["status"] == "ok"]
+        if base and r["median"]:
+            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in base), 2)
+    for sc in scales:
+        pre = [r for r in rows if r["kind"] == "rdmasock" and r["clients"] == 1 and r["scale"] == sc
+               and r["status"] == "ok" and r["median"]]
+        base = [r for r in rows if r["kind"] == "tcp" and r["clients"] == 1 and r["scale"] == sc and r["median"]]
+        if pre and base:
+            targets.append(target("pgbench scale %d, 1 client >= 1.7x TCP best" % sc,
+                                  max(r["median"] for r in pre) / max(r["median"] for r in base),
+                                  TARGETS["pgbench_c1_vs_tcp"], "%.2fx"))
+    return {"rows": rows, "targets": targets,
+            "summary": ["synchronous_commit=off, fsync=off; server on CPU %d; pgbench -j 1 -T %d" % (SERVER_CPU,
+                                                                                                  duration)],
+            "columns": ["scale", "clients", "name", "placement", "median", "min", "max", "vs_tcp_best", "status"],
+            "title": "pgbench TPC-B, tps"}
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+def fmt_cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if abs(v) >= 100:
+            return "{:,.0f}".format(v)
+        return "%.3g" % v
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def size_label(n):
+    return "%d MiB" % (n >> 20) if n >= 1 << 20 and n % (1 << 20) == 0 else (
+        "%d KiB" % (n >> 10) if n >= 1024 and n % 1024 == 0 else "%d B" % n)
+
+
+def markdown(result):
+    out = ["# rdmasock bench: %s" % ", ".join(result["benchmarks"]), "",
+           "%s, host %s, %d CPUs, %s. Repetitions: %d%s. Command: `%s`" % (
+               result["time"], result["host"], result["cpus"], result["kernel"], result["reps"],
+               " (--quick: smoke run, not a measurement)" if result["quick"] else "", result["command"]), ""]
+    for name, b in result["results"].items():
+        out += ["## %s" % name, "", b.get("title", ""), ""]
+        if "error" in b:
+            out += ["**failed:** `%s`" % b["error"][-500:], ""]
+            continue
+        cols = b["columns"]
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "---|" * len(cols))
+        for r in b["rows"]:
+            cells = []
+            for c in cols:
+                v = r.get(c)
+                cells.append(size_label(v) if c == "size" else fmt_cell(v))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+        for s in b.get("summary", []):
+            out.append("- " + s)
+        for t in b.get("targets", []):
+            out.append("- target " + t["text"])
+        out.append("")
+    out.append("median / min / max over the repetitions; status `ok` on a rdmasock row means every connection "
+               "of every repetition logged transport=shm in RDMASOCK_LOG_FILE.")
+    return "\n".join(out) + "\n"
+
+
+def plots(result, stem):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib, "
+            "or pip install matplotlib into the venv)")
+        return []
+    made = []
+    for name, b in result["results"].items():
+        rows = [r for r in b.get("rows", []) if r.get("median")]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        if name == "stream":
+            series = {}
+            for r in rows:
+                series.setdefault("%s [%s]" % (r["name"], r["placement"]), []).append(r)
+            for label, rs in series.items():
+                rs.sort(key=lambda r: r["size"])
+                ax.errorbar([r["size"] for r in rs], [r["median"] for r in rs],
+                            yerr=[[r["median"] - r["min"] for r in rs], [r["max"] - r["median"] for r in rs]],
+                            marker="o", capsize=3, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("write size (bytes)")
+            ax.legend(fontsize=7)
+        else:
+            labels = []
+            for r in rows:
+                parts = [r["name"]]
+                for k in ("conns", "scale", "clients", "impl"):
+                    if k in r:
+                        parts.append("%s=%s" % (k, r[k]))
+                parts.append(r["placement"])
+                labels.append(" ".join(parts) + ("" if r["status"] == "ok" else " (!)"))
+            ys = [r["median"] for r in rows]
+            colors = ["tab:green" if r.get("rdmasock") else ("tab:gray" if r.get("kind") == "limit" else "tab:blue")
+                      for r in rows]
+            ax.barh(range(len(rows)), ys, color=colors,
+                    xerr=[[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]], capsize=2)
+            ax.set_yticks(range(len(rows)))
+            ax.set_yticklabels(labels, fontsize=7)
+            ax.invert_yaxis()
+            if name == "pingpong":
+                ax.set_xscale("log")
+            ax.set_xlabel(rows[0]["unit"] + " (median, min-max)")
+        ax.set_title("%s: %s" % (name, b.get("title", "")), fontsize=9)
+        fig.tight_layout()
+        path = "%s-%s.png" % (stem, name)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def print_table(name, b):
+    print("\n== %s: %s" % (name, b.get("title", "")))
+    if "error" in b:
+        print("FAILED: %s" % b["error"][-1000:])
+        return
+    cols = b["columns"]
+    table = [cols] + [[size_label(r.get(c)) if c == "size" else fmt_cell(r.get(c)) for c in cols] for r in b["rows"]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    for row in table:
+        print("  ".join(cell.ljust(w) if i in (0, 1) or not cell[:1].isdigit() else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(row, widths))))
+    for s in b.get("summary", []):
+        print("  " + s)
+    for t in b.get("targets", []):
+        print("  target " + t["text"])
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="rdmasock bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("benchmarks", nargs="*", default=["pingpong"],
+                    help="any of %s, or all (default: pingpong)" % ", ".join(BENCHES))
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per variant (default 5)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 short repetition (unless --reps is given)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds per timed run (default: pingpong 1, stream 0.5, pgbench 10; quick: shorter)")
+    ap.add_argument("--placements", default="same,cross", help="same (both on CPU 0) and/or cross (CPU 0 and 1)")
+    ap.add_argument("--sizes", default=None, help="stream write sizes in bytes (default 64,1024,...,1048576)")
+    ap.add_argument("--redis-conns", default="1,50")
+    ap.add_argument("--pg-scales", default="1")
+    ap.add_argument("--pg-clients", default="1,4")
+    ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
+    ap.add_argument("--out-dir", default=RESULTS)
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    names = []
+    for b in args.benchmarks:
+        names += list(BENCHES) if b == "all" else [b]
+    bad = [b for b in names if b not in BENCHES]
+    if bad:
+        ap.error("unknown benchmark(s) %s; choose from %s or all" % (", ".join(bad), ", ".join(BENCHES)))
+    if args.quick and "--reps" not in (argv if argv is not None else sys.argv[1:]):
+        args.reps = 1
+    if args.reps < 1:
+        ap.error("--reps must be >= 1")
+    if not shutil.which("taskset"):
+        sys.exit("rdmasock bench: taskset (util-linux) is required to pin processes")
+    if not args.tcp_only:
+        ok, msg = S.preload_status()
+        if not ok:
+            sys.exit("rdmasock bench: the preload library is not usable (--tcp-only runs the baselines): " + msg)
+
+    work = tempfile.mkdtemp(prefix="rs-suite-")
+    os.chmod(work, 0o755)
+    ctx = {"work": work, "seq": 0, "places": placements(args.placements.split(",")),
+           "log_file": S.make_log_file(os.path.join(work, "log"), "rdmasock.log")}
+    result = {"benchmarks": names, "reps": args.reps, "quick": args.quick, "host": platform.node(),
+              "cpus": os.cpu_count(), "kernel": platform.release(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "command": " ".join(["rdmasock bench"] + (argv if argv is not None else sys.argv[1:])),
+              "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "results": {}}
+    fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench}
+    try:
+        ctx["bins"] = compile_c(work)
+        for name in names:
+            log("== %s" % name)
+            try:
+                result["results"][name] = fns[name](args, ctx)
+            except Exception as e:               # noqa: BLE001 - one broken sub-benchmark must not lose the others
+                result["results"][name] = {"error": "%s: %s" % (type(e).__name__, e)}
+            print_table(name, result["results"][name])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, "%s-%s" % ("-".join(names) if len(names) < 4 else "all",
+                                                 time.strftime("%Y%m%d-%H%M%S")))
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(result))
+    made = [] if args.no_plots else plots(result, stem)
+    print("\nresults: %s.json, %s.md%s" % (stem, stem, "".join(", " + p for p in made)))
+    return 1 if any("error" in b for b in result["results"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
