@@ -405,6 +405,11 @@ def bench_redis(args, ctx):
                             rows[(t, conns, pl, impl)].add(rates[t.upper()], tr)
                         return rates["GET"], tr
                     variants.append((_Sink("redis -c %d %s" % (conns, impl), pl, rows, (conns, pl, impl)), fn))
+        for impl in impls:                       # warm-up (not recorded): connections, caches, CPU clocks
+            for conns in conns_list:
+                P.run_bench(servers[impl], tests, conns, 2000 if conns == 1 else 10000, impl == "rdmasock",
+                            list(places.values())[-1][1], log_file)
+        log("redis warm-up done")
         prog = Progress("redis", len(variants) * args.reps)
         for rep in range(args.reps):
             for sink, fn in variants:
@@ -485,6 +490,13 @@ def bench_pgbench(args, ctx):
                         variants.append((Row("pgbench", "TPC-B %s" % ("TCP" if impl == "tcp" else "rdmasock shm"),
                                              pl, cpus, "tps", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
                                              scale=sc, clients=c, kind=impl), fn))
+        for impl in impls:                       # warm-up (not recorded): shared buffers, backends, caches
+            srv = servers[impl]
+            S.run(S.pin(list(places.values())[-1][1]) + S.preload_cmd(
+                [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-c", str(max(clients)),
+                 "-j", "1", "-T", "1" if args.quick else "3", "bench%d" % scales[0]], impl == "rdmasock"),
+                timeout=200, env=S.client_env(log_file))
+        log("pgbench warm-up done")
         rows = run_variants("pgbench", variants, args.reps, lambda v: "%.1f tps" % v)
     finally:
         for srv in servers.values():
@@ -608,7 +620,8 @@ def plots(result, stem):
             if name == "pingpong":
                 ax.set_xscale("log")
             ax.set_xlabel(rows[0]["unit"] + " (median, min-max)")
-        ax.set_title("%s: %s" % (name, b.get("title", "")), fontsize=9)
+        title = b.get("title", "")
+        ax.set_title(title if title.startswith(name) else "%s: %s" % (name, title), fontsize=9)
         fig.tight_layout()
         path = "%s-%s.png" % (stem, name)
         fig.savefig(path, dpi=110)
@@ -653,7 +666,19 @@ def main(argv=None):
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
     ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--from-json", metavar="JSON", help="run nothing: rewrite the .md and plots of an earlier run")
     args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+        stem = args.from_json[:-5] if args.from_json.endswith(".json") else args.from_json
+        for name, b in result["results"].items():
+            print_table(name, b)
+        with open(stem + ".md", "w") as f:
+            f.write(markdown(result))
+        made = [] if args.no_plots else plots(result, stem)
+        print("\nrewritten: %s.md%s" % (stem, "".join(", " + p for p in made)))
+        return 0
     names = []
     for b in args.benchmarks:
         names += list(BENCHES) if b == "all" else [b]
