@@ -4,8 +4,8 @@
  *                                             serves one connection
  *   sockbench client tcp|unix ADDR pingpong SIZE SECONDS
  *   sockbench client tcp|unix ADDR stream   SIZE SECONDS
- * The client sends a 16-byte header (mode, size), warms up (1000 round trips, or 64 MiB /
- * 0.1 s of writes acknowledged by the server), then runs for SECONDS and prints one line:
+ * The client sends a 16-byte header (mode, size), warms up (1000 round trips, or 2000 writes
+ * but at most 64 MiB, acknowledged by the server), then runs for SECONDS and prints one line:
  *   pingpong: "round_trips_per_s N"   stream: "bytes_per_s N writes N"
  * stream: after the timed writes the client shuts down writing; the server counts bytes to
  * EOF and answers with the total (8 bytes), so the time includes draining the pipe. */
@@ -144,9 +144,10 @@ int main(int argc, char **argv)
         } while (t - t0 < secs);
         printf("round_trips_per_s %.0f\n", n / (t - t0));
     } else {
-        uint64_t warm = 0;
+        uint64_t warm = (uint64_t)size * 2000;        /* 2000 writes, at most 64 MiB */
         char ack;
-        for (t0 = now(); warm < (64u << 20) && now() - t0 < 0.1;) warm += size;
+        if (warm > (64u << 20)) warm = (64u << 20) / size * size;
+        if (warm < size) warm = size;
         if (wr_full(s, &warm, 8)) return 1;
         for (uint64_t w = 0; w < warm; w += size)
             if (wr_full(s, buf, size)) { perror("warm-up"); return 1; }
