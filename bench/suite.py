@@ -544,9 +544,12 @@ def size_label(n):
 
 def markdown(result):
     out = ["# rdmasock bench: %s" % ", ".join(result["benchmarks"]), "",
-           "%s, host %s, %d CPUs, %s. Repetitions: %d%s. Command: `%s`" % (
+           "%s, host %s, %d CPUs, %s. Repetitions: %d%s. Command: `%s`%s" % (
                result["time"], result["host"], result["cpus"], result["kernel"], result["reps"],
-               " (--quick: smoke run, not a measurement)" if result["quick"] else "", result["command"]), ""]
+               " (--quick: smoke run, not a measurement)" if result["quick"] else "", result["command"],
+               ". Checkout %s%s" % (result["git"]["head"], " (shim/ or rdmasock/ modified)"
+                                    if result["git"]["shim_or_rdmasock_modified"] else "")
+               if result.get("git") else ""), ""]
     for name, b in result["results"].items():
         out += ["## %s" % name, "", b.get("title", ""), ""]
         if "error" in b:
@@ -649,6 +652,19 @@ def print_table(name, b):
 
 # ---------------------------------------------------------------------------------------------
 
+def git_state():
+    """Commit of the checkout and whether shim/ or rdmasock/ had uncommitted changes (the
+    numbers belong to the library as built, which may differ from the commit)."""
+    try:
+        head = subprocess.run(["git", "-C", S.REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", S.REPO, "status", "--porcelain", "--", "shim", "rdmasock"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return {"head": head, "shim_or_rdmasock_modified": bool(dirty)}
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="rdmasock bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -703,7 +719,8 @@ def main(argv=None):
     result = {"benchmarks": names, "reps": args.reps, "quick": args.quick, "host": platform.node(),
               "cpus": os.cpu_count(), "kernel": platform.release(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "command": " ".join(["rdmasock bench"] + (argv if argv is not None else sys.argv[1:])),
-              "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "results": {}}
+              "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "git": git_state(),
+              "preload_library": S.preload_status()[1] if not args.tcp_only else None, "results": {}}
     fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench}
     try:
         ctx["bins"] = compile_c(work)
