@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 # build base + the real programs the tests and the demo run (PostgreSQL, Redis, curl)
-PKGS="python3 python3-venv python3-dev python3-cffi python3-setuptools python3-wheel libpython3.11-dev gcc libc6-dev util-linux procps postgresql-15 postgresql-client-15 redis-server redis-tools curl"
+PKGS="python3 python3-venv python3-dev python3-cffi python3-setuptools python3-wheel libpython3.11-dev gcc libc6-dev util-linux procps postgresql-15 postgresql-client-15 redis-server redis-tools curl python3-matplotlib"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
