@@ -17,7 +17,6 @@ int rse_connect_plan(int fd, const void *sa, int salen);
 void rse_hello(int handle);
 int rse_accept(int lfd, int fd);
 void rse_drop(int handle);
-void rse_closed(int fd, uintptr_t conn);
 void rse_plain(int fd, int reason);
 int rse_ready(void);
 int rse_step(int handle, int wait_ms, uintptr_t *out);
@@ -141,10 +140,6 @@ def rse_accept(lfd, fd):
 @ffi.def_extern(onerror=_quiet)
 def rse_drop(handle):
     _engine.drop(handle)
-
-@ffi.def_extern(onerror=_quiet)
-def rse_closed(fd, conn):
-    _engine.closed(fd, conn)
 
 @ffi.def_extern(onerror=_quiet)
 def rse_plain(fd, reason):

@@ -168,15 +168,7 @@ class socket(_base):
             # setting is kept virtually (getsockopt/setsockopt below).
             self._app_nodelay = _base.getsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY)
             _base.setsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-        if client and outcome.reason != "closed_during_handshake":
-            lib.rs_pre_switch(self.fileno())  # our last preamble frame; failure shows later
-        elif not client and outcome.preamble:
-            if outcome.conn is not None:
-                outcome.conn.rx_pre = 1
-            else:
-                self._rxpre = lib.rs_conn_new_tcp(self.fileno())
-                if self._rxpre == ffi.NULL:
-                    raise MemoryError("rdmasock: no memory for a connection")
+        self._rxpre = upgrade.after_answer(h, outcome, self.fileno())
         # Publish the connection before clearing _hs: a thread that sees _hs gone is then
         # sure to see the ring (see _plain), never the bare TCP socket.
         self._conn = outcome.conn
@@ -273,43 +265,14 @@ class socket(_base):
 
     def _client_plan(self, address):
         """Decides whether to offer an upgrade.  Returns (sockaddr, upgrade.Client|None)."""
-        cfg = config.get()
         host, port = address[0], address[1]
         infos = _socket.getaddrinfo(host, port, self.family, _socket.SOCK_STREAM)
         sockaddr = infos[0][4] if infos else address
         if self._conn is not None or self._hs is not None or PRELOADED:
             return sockaddr, None
-        reason = None
-        if cfg.disabled:
-            reason = "disabled"
-        elif cfg.excluded(sockaddr[0], port):
-            reason = "excluded"
-        elif "shm" not in cfg.transports:
-            reason = "no_common_transport"
-        elif not rendezvous.listener_exists(sockaddr[0], port):
-            reason = "peer_not_rdmasock"
+        reason, marker = upgrade.plan_client(self, self.family, sockaddr)
         if reason:
             self.fallback_reason = reason
-            return sockaddr, None
-        local = self.getsockname()
-        if local[1] == 0:
-            ip = sockaddr[0]
-            if rendezvous.norm_ip(ip) == "*":
-                ip = "127.0.0.1" if self.family == _socket.AF_INET else "::1"
-            try:
-                self.bind((ip, 0) + tuple(sockaddr[2:]))
-            except OSError as exc:
-                if not rendezvous.is_local_bind_error(exc):
-                    raise
-                self.fallback_reason = "not_local"
-                return sockaddr, None
-            local = self.getsockname()
-        elif rendezvous.norm_ip(local[0]) == "*":
-            self.fallback_reason = "excluded"       # wildcard-bound client port: name unknowable
-            return sockaddr, None
-        marker = rendezvous.register_client(local[0], local[1])
-        if marker is None:
-            self.fallback_reason = "marker_busy"
             return sockaddr, None
         return sockaddr, upgrade.Client(self, marker)
 
@@ -350,13 +313,7 @@ class socket(_base):
         cfg = config.get()
         if self._lmarker is None and not cfg.disabled and not PRELOADED and "shm" in cfg.transports \
                 and not cfg.excluded(*self.getsockname()[:2]):
-            self._lmarker = rendezvous.register_listener(self.getsockname(), self._wildcard_kind())
-
-    def _wildcard_kind(self):
-        if self.family == _socket.AF_INET:
-            return "*4"
-        v6only = _base.getsockopt(self, _socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
-        return "*6" if v6only else "*46"
+            self._lmarker = rendezvous.register_listener(self)
 
     def accept(self):
         fd, addr = self._accept()

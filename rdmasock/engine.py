@@ -11,13 +11,12 @@ import socket as _socket
 import time
 
 from . import config, handshake as hs, log, reasons, rendezvous, upgrade
-from ._native import ffi, lib
+from ._native import ffi
 
 STEP_PENDING, STEP_RING, STEP_TCP, STEP_PRE_RX, STEP_CONNECTING = 0, 1, 2, 3, 4
 
 _listeners = {}        # app fd -> rendezvous marker socket
 _handshakes = {}       # handle -> _Handshake
-_conns = {}            # conn address -> (role, local, peer) for the close log
 _next = [1]
 
 
@@ -63,13 +62,6 @@ def _log(role, sock, transport, reason):
     log.connection(role, local, peer, transport, reason)
 
 
-def _wildcard_kind(sock):
-    if sock.family == _socket.AF_INET:
-        return "*4"
-    v6only = sock.getsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
-    return "*6" if v6only else "*46"
-
-
 def listen(fd):
     cfg = config.get()
     if cfg.disabled or "shm" not in cfg.transports:
@@ -79,7 +71,7 @@ def listen(fd):
         name = s.getsockname()
         if cfg.excluded(name[0], name[1]):
             return 0
-        marker = rendezvous.register_listener(name, _wildcard_kind(s))
+        marker = rendezvous.register_listener(s)
     finally:
         s.close()
     if marker is None:
@@ -98,47 +90,18 @@ def unlisten(fd):
 
 
 def connect_plan(fd, sockaddr_bytes):
-    """Before the application's connect: offer an upgrade?  Returns a handle or 0."""
-    cfg = config.get()
+    """Before the application's connect: offer an upgrade?  Returns a handle, or -reason
+    code (plain TCP; logged by plain() once connected)."""
     s = AppSocket(fd)
     try:
-        family = s.family
-        addr = _socket_address(family, sockaddr_bytes)
-        reason = None
-        if cfg.disabled:
-            reason = "disabled"
-        elif cfg.excluded(addr[0], addr[1]):
-            reason = "excluded"
-        elif "shm" not in cfg.transports:
-            reason = "no_common_transport"
-        elif not rendezvous.listener_exists(addr[0], addr[1]):
-            reason = "peer_not_rdmasock"
-        if reason is None:
-            local = s.getsockname()
-            if local[1] == 0:
-                ip = addr[0]
-                if rendezvous.norm_ip(ip) == "*":
-                    ip = "127.0.0.1" if family == _socket.AF_INET else "::1"
-                try:
-                    s.bind((ip, 0) + tuple(addr[2:]))
-                except OSError as exc:
-                    if not rendezvous.is_local_bind_error(exc):
-                        raise
-                    reason = "not_local"
-                local = s.getsockname()
-            elif rendezvous.norm_ip(local[0]) == "*":
-                reason = "excluded"
-        marker = None
-        if reason is None:
-            marker = rendezvous.register_client(local[0], local[1])
-            if marker is None:
-                reason = "marker_busy"
-        if reason is not None:
-            s.close()
-            return -reasons.CODE_BY_NAME[reason]       # logged by plain() once connected
+        addr = _socket_address(s.family, sockaddr_bytes)
+        reason, marker = upgrade.plan_client(s, s.family, addr)
     except BaseException:
         s.close()
         raise
+    if reason is not None:
+        s.close()
+        return -reasons.CODE_BY_NAME[reason]
     return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client", addr))
 
 
@@ -216,43 +179,26 @@ def step(handle, wait_ms, out):
         return -(exc.errno or errno.EIO)
     if outcome is None:
         return STEP_PENDING
-    fd = h.sock.app_fd
-    code = STEP_TCP
-    if h.role == "client":
-        if outcome.reason != "closed_during_handshake":
-            lib.rs_pre_switch(fd)
-        if outcome.conn is not None:
-            code = STEP_RING
-    elif outcome.preamble:
-        if outcome.conn is not None:
-            outcome.conn.rx_pre = 1
-            code = STEP_RING
-        else:
-            pre = lib.rs_conn_new_tcp(fd)
-            if pre == ffi.NULL:
-                _finish(handle, h, "tcp", "shm_unavailable")
-                return -errno.ENOMEM
-            out[0] = int(ffi.cast("uintptr_t", pre))
-            code = STEP_PRE_RX
+    try:
+        pre = upgrade.after_answer(side, outcome, h.sock.app_fd)
+    except MemoryError:
+        _finish(handle, h, "tcp", "shm_unavailable")
+        return -errno.ENOMEM
     out[1] = reasons.CODE_BY_NAME.get(outcome.reason, 0) if outcome.reason else 0
-    if code == STEP_RING:
+    code = STEP_TCP
+    if outcome.conn is not None:
         ffi.gc(outcome.conn, None)                   # from now on C owns it (rs_conn_free)
-        out[0] = int(ffi.cast("uintptr_t", outcome.conn))
-    _finish(handle, h, outcome.transport, outcome.reason, out[0] if code == STEP_RING else None)
+        out[0], code = int(ffi.cast("uintptr_t", outcome.conn)), STEP_RING
+    elif pre is not None:
+        out[0], code = int(ffi.cast("uintptr_t", pre)), STEP_PRE_RX
+    _finish(handle, h, outcome.transport, outcome.reason)
     return code
 
 
-def _finish(handle, h, transport, reason, conn_addr=None):
+def _finish(handle, h, transport, reason):
     _handshakes.pop(handle, None)
-    local, peer = getattr(h, "local", None), h.peer
-    log.connection(h.role, local, peer, transport, reason)
-    if conn_addr is not None:
-        _conns[conn_addr] = (h.role, local, peer)
+    log.connection(h.role, getattr(h, "local", None), h.peer, transport, reason)
     h.close()
-
-
-def closed(fd, conn_addr):
-    _conns.pop(conn_addr, None)
 
 
 def internal_error(exc, val, tb):

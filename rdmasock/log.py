@@ -7,27 +7,14 @@ from . import config
 
 
 def connection(role, local, peer, transport, reason=None):
-    cfg = config.get()
-    path = cfg.log_file
-    if not path or cfg.log_level < 2:
-        return
-    line = "%s pid=%d role=%s local=%s peer=%s transport=%s" % (
-        time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), role, _fmt(local), _fmt(peer), transport)
-    if reason:
-        line += " reason=%s" % reason
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    """One line per connection outcome (RDMASOCK_LOG_LEVEL info and above)."""
+    text = "role=%s local=%s peer=%s transport=%s" % (role, _fmt(local), _fmt(peer), transport)
+    line(text + (" reason=%s" % reason if reason else ""), level=2)
 
 
 def line(text, level=1):
-    """Appends one free-form line (diagnostics; level 1 error .. 3 debug) to the log file,
-    if one is configured and RDMASOCK_LOG_LEVEL lets it through."""
+    """Appends one line (level 1 error, 2 info, 3 debug) to the log file, if one is
+    configured and RDMASOCK_LOG_LEVEL lets it through."""
     cfg = config.get()
     path = cfg.log_file
     if not path or cfg.log_level < level:

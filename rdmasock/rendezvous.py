@@ -61,12 +61,19 @@ def _exists(name):
         s.close()
 
 
-def register_listener(sockname, wildcard_kind):
+def register_listener(sock):
     """Returns the marker socket (keep it open while listening) or None if taken.
     A wildcard listener registers by family: "*4" (0.0.0.0), "*6" (:: v6-only) or "*46"
     (:: dual-stack), so a client only trusts a listener that can really accept it."""
+    sockname = sock.getsockname()
     ip = norm_ip(sockname[0])
-    return _register(_name("l", wildcard_kind if ip == "*" else ip, sockname[1]))
+    if ip == "*":
+        if sock.family == _socket.AF_INET:
+            ip = "*4"
+        else:
+            v6only = _socket.socket.getsockopt(sock, _socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
+            ip = "*6" if v6only else "*46"
+    return _register(_name("l", ip, sockname[1]))
 
 
 def listener_exists(ip, port):

@@ -50,6 +50,57 @@ def _wait(fd, events, deadline):
             return True
 
 
+def plan_client(sock, family, sockaddr):
+    """Before connect: may this client offer an upgrade?  An unbound socket is bound to a
+    local address on the destination's side, so its rendezvous name is known before the
+    first byte; that name is registered.  Returns (None, marker) or (reason, None)."""
+    cfg = config.get()
+    host, port = sockaddr[0], sockaddr[1]
+    if cfg.disabled:
+        return "disabled", None
+    if cfg.excluded(host, port):
+        return "excluded", None
+    if "shm" not in cfg.transports:
+        return "no_common_transport", None
+    if not rendezvous.listener_exists(host, port):
+        return "peer_not_rdmasock", None
+    local = sock.getsockname()
+    if local[1] == 0:
+        ip = host
+        if rendezvous.norm_ip(ip) == "*":
+            ip = "127.0.0.1" if family == _s.AF_INET else "::1"
+        try:
+            sock.bind((ip, 0) + tuple(sockaddr[2:]))
+        except OSError as exc:
+            if not rendezvous.is_local_bind_error(exc):
+                raise
+            return "not_local", None
+        local = sock.getsockname()
+    elif rendezvous.norm_ip(local[0]) == "*":
+        return "excluded", None                 # wildcard-bound client port: name unknowable
+    marker = rendezvous.register_client(local[0], local[1])
+    return (None, marker) if marker is not None else ("marker_busy", None)
+
+
+def after_answer(side, outcome, fd):
+    """What both ends do once the handshake is over (docs/PROTOCOL.md 2.9): the client
+    ends its preamble with SWITCH; a server that answered a HELLO reads the client's
+    preamble first (rx_pre on the ring, or a ring-less reader after a DECLINE, returned)."""
+    if isinstance(side, Client):
+        if outcome.reason != "closed_during_handshake":
+            lib.rs_pre_switch(fd)               # our last preamble frame; failure shows later
+        return None
+    if not outcome.preamble:
+        return None
+    if outcome.conn is not None:
+        outcome.conn.rx_pre = 1
+        return None
+    pre = lib.rs_conn_new_tcp(fd)
+    if pre == ffi.NULL:
+        raise MemoryError("rdmasock: no memory for a connection")
+    return pre
+
+
 class _Side:
     """Handshake state common to both sides."""
 

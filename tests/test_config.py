@@ -55,10 +55,18 @@ def test_log_file_and_level(tmp_path):
 
 
 def test_unwritable_log_file_runs_on(tmp_path):
-    d = tmp_path / "ro"
+    d = tmp_path / "dir"
     d.mkdir()
-    os.chmod(d, 0o500)
-    bad = [str(d / "sub" / "log"), "/proc/version", str(d)]        # missing dir, read-only file, a directory
+    # not appendable, even by root: missing directory, a /proc file without a write
+    # operation (opens, but the write fails), a directory
+    bad = [str(d / "sub" / "log"), "/proc/version", str(d)]
+    for path in bad:
+        with pytest.raises(OSError):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, b"x")
+            finally:
+                os.close(fd)
     for path in bad:
         config.reload({"RDMASOCK_LOG_FILE": path})
         with rdmasock.create_server(("127.0.0.1", 0)) as srv:

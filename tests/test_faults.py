@@ -117,7 +117,7 @@ def test_non_handshake_bytes_from_registered_client_stay_tcp():
 
 def test_garbage_reply_gives_client_clear_error():
     ls = socket.create_server(("127.0.0.1", 0))
-    lmarker = rendezvous.register_listener(ls.getsockname(), "*4")   # pretends to be rdmasock
+    lmarker = rendezvous.register_listener(ls)   # pretends to be rdmasock
     c = rdmasock.create_connection(ls.getsockname(), timeout=5)
     s, _ = ls.accept()
     assert recv_exact(s, 64)[:8] == hs.MAGIC

@@ -26,7 +26,6 @@ static struct {
     void (*hello)(int);
     int (*accept)(int, int);
     void (*drop)(int);
-    void (*closed)(int, uintptr_t);
     void (*plain)(int, int);
     int (*ready)(void);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
@@ -80,10 +79,10 @@ static void engine_load(void)
 #define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
     SYM(boot, "rse_boot"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
-    SYM(drop, "rse_drop"); SYM(closed, "rse_closed"); SYM(step, "rse_step");
+    SYM(drop, "rse_drop"); SYM(step, "rse_step");
     SYM(plain, "rse_plain"); SYM(ready, "rse_ready");
     if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.closed || !eng.step || !eng.plain || !eng.ready) { log_unusable("engine_incomplete"); return; }
+        !eng.drop || !eng.step || !eng.plain || !eng.ready) { log_unusable("engine_incomplete"); return; }
     if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
     if (!eng.ready()) { log_unusable("engine_import_failed"); return; }
     eng_state = 1;
@@ -119,7 +118,6 @@ int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
 void rs_br_hello(int handle) { if (rs_engine_loaded()) CALL(eng.hello(handle)); }
 int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.accept(lfd, fd)); return r; }
 void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
-void rs_br_closed(int fd, rs_conn *c) { if (rs_engine_loaded()) CALL(eng.closed(fd, (uintptr_t)c)); }
 void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd, reason)); }
 
 /* Engine step results (rdmasock/engine.py) */

@@ -91,7 +91,6 @@ void rs_link_free(struct rs_link *l, int fd)
     switch (l->state) {
     case RS_RING:
         if (!l->forked) rs_send_fin(l->conn);
-        rs_br_closed(l->conn->fd, l->conn);
         rs_conn_free(l->conn);
         break;
     case RS_PRE_RX:

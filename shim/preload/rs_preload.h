@@ -130,7 +130,6 @@ int  rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len);
 void rs_br_hello(int handle);
 int  rs_br_accept(int lfd, int fd);
 void rs_br_drop(int handle);
-void rs_br_closed(int fd, rs_conn *c);
 void rs_br_plain(int fd, int reason);
 /* Advances the handshake of fd's link.  Returns 1 when it is over (state updated),
  * 0 still pending, -1 with errno set. */
