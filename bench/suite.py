@@ -1,6 +1,6 @@
 """rdmasock benchmark suite (issue 5): sub-benchmarks that measure their baseline in the same run.
 
-    .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|all ...] [--reps 5] [--quick]
+    .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|replay|all ...] [--reps 5] [--quick]
                                     [--duration S] [--placements same,cross] [--no-plots]
     rdmasock bench [same arguments]            (`rdmasock bench core` runs the older bench/core.py)
 
@@ -15,7 +15,11 @@ Sub-benchmarks
   redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
             server and client both preloaded (bench/programs.py, bench/servers.py).
   pgbench   TPC-B, scale 1 (--pg-scales 1,10 for more), 1 and 4 clients, synchronous_commit=off,
-            fsync=off, plain vs server and client both preloaded (bench/pgbench_demo.py).
+            fsync=off, plain vs server and client both preloaded.
+  replay    the seed's method: pgbench's SQL (TPC-B, scale 1, 1 client, --replay-tx transactions)
+            is captured with log_statement=all from the server log into a script, which
+            `psql -f` replays, one new connection per run (process start and connection set-up
+            included), plain vs psql and server both preloaded; transactions / wall seconds.
 
 Method: every process is pinned with taskset; the server side on CPU 0, the client on CPU 0
 ("same") or CPU 1 ("cross").  Each program warms up before it measures.  Repetitions are
@@ -28,6 +32,7 @@ marked (fallback/unverified) and no ratio is claimed from it.  Progress goes to 
 Outputs: bench/results/<names>-<time>.json and .md (or --out-dir), and PNG plots next to
 them when matplotlib can be imported (else skipped with a message: install python3-matplotlib)."""
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -50,7 +55,8 @@ CSRC = os.path.join(HERE, "c")
 WORKER = os.path.join(HERE, "worker.py")
 SERVER_CPU = 0
 RUN_TIMEOUT = 120
-BENCHES = ("pingpong", "stream", "redis", "pgbench")
+BENCHES = ("pingpong", "stream", "redis", "pgbench", "replay")
+PGBENCH = "/usr/bin/pgbench"
 STREAM_SIZES = (64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 TARGETS = {                                   # issue 5, "Targets on this 2-core machine kind"
     "pingpong_c_preload_rt_s": 1_000_000,
@@ -59,6 +65,7 @@ TARGETS = {                                   # issue 5, "Targets on this 2-core
     "stream_64k_vs_tcp": 3.0,
     "redis_get_c1_vs_tcp": 2.0,
     "pgbench_c1_vs_tcp": 1.7,
+    "replay_vs_tcp": 1.55,
 }
 
 
@@ -452,55 +459,73 @@ class _Sink:
 # ---------------------------------------------------------------------------------------------
 # pgbench
 
+@contextlib.contextmanager
+def pg_servers(impls, log_file, settings=None):
+    """One fresh PostgreSQL cluster per impl ("tcp": plain, "rdmasock": under `rdmasock run`),
+    pinned to SERVER_CPU; yields {impl: PgServer} and stops them all afterwards."""
+    servers = {}
+    try:
+        for impl in impls:
+            log("starting PostgreSQL (%s) on CPU %d" % (impl, SERVER_CPU))
+            servers[impl] = S.PgServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file,
+                                       settings=settings).start()
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def pg_init(srv, dbname, scale, preload, log_file):
+    """CREATE DATABASE dbname and `pgbench -i -s scale` it (client on SERVER_CPU)."""
+    S.run(S.psql_argv(srv.port) + ["-c", "CREATE DATABASE %s" % dbname], timeout=60, env=S.client_env())
+    S.run(S.pin(SERVER_CPU) + S.preload_cmd([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres",
+                                             "-i", "-s", str(scale), "-q", dbname], preload),
+          timeout=900, env=S.client_env(log_file))
+
+
+def pgbench_run(srv, dbname, opts, impl, cpu, log_file):
+    """One pgbench run (opts: -c/-j/-T/...) against srv, plain (impl "tcp") or preloaded, pinned
+    to cpu.  Returns (tps without initial connection time, transport verdict)."""
+    mark = S.log_size(log_file)
+    argv = S.pin(cpu) + S.preload_cmd([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres"] + opts
+                                      + [dbname], impl == "rdmasock")
+    timeout = float(opts[opts.index("-T") + 1]) + 180 if "-T" in opts else 600
+    res = S.run(argv, timeout=timeout, env=S.client_env(log_file))
+    out = res.stdout.decode(errors="replace")
+    m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+    if not m or not re.search(r"number of failed transactions: 0 ", out):
+        raise RuntimeError("pgbench output unexpected: " + out[-800:] + res.stderr.decode(errors="replace")[-500:])
+    conns = int(opts[opts.index("-c") + 1]) if "-c" in opts else 1
+    return float(m.group(1)), ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns))
+
+
 def bench_pgbench(args, ctx):
-    import pgbench_demo as PG
-    duration = args.duration or (3 if args.quick else 10)
+    duration = max(1, round(args.duration or (3 if args.quick else 10)))      # pgbench -T takes whole seconds
     scales = [int(s) for s in args.pg_scales.split(",")]
     clients = [int(c) for c in args.pg_clients.split(",")]
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
-    servers, variants = {}, []
-    try:
-        for impl in impls:
-            log("starting PostgreSQL (%s) on CPU %d, initialising scale %s" % (impl, SERVER_CPU, scales))
-            srv = S.PgServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file)
-            servers[impl] = srv.start()
+    variants = []
+    with pg_servers(impls, log_file) as servers:
+        for impl, srv in servers.items():
             for sc in scales:
-                S.run(S.psql_argv(srv.port) + ["-c", "CREATE DATABASE bench%d" % sc], timeout=60, env=S.client_env())
-                S.run(S.pin(SERVER_CPU) + S.preload_cmd(
-                    [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-i", "-s", str(sc), "-q",
-                     "bench%d" % sc], impl == "rdmasock"), timeout=900, env=S.client_env(log_file))
+                pg_init(srv, "bench%d" % sc, sc, impl == "rdmasock", log_file)
         for sc in scales:
             for c in clients:
                 for pl, cpus in places.items():
                     for impl in impls:
                         def fn(sc=sc, c=c, cpus=cpus, impl=impl):
-                            srv = servers[impl]
-                            mark = S.log_size(log_file)
-                            argv = S.pin(cpus[1]) + S.preload_cmd(
-                                [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-c", str(c),
-                                 "-j", "1", "-T", str(duration), "bench%d" % sc], impl == "rdmasock")
-                            res = S.run(argv, timeout=duration + 180, env=S.client_env(log_file))
-                            out = res.stdout.decode(errors="replace")
-                            m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
-                            if not m or not re.search(r"number of failed transactions: 0 ", out):
-                                raise RuntimeError("pgbench output unexpected: " + out[-800:])
-                            tr = "tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, c)
-                            return float(m.group(1)), tr
+                            return pgbench_run(servers[impl], "bench%d" % sc, ["-c", str(c), "-j", "1", "-T",
+                                                                              str(duration)], impl, cpus[1], log_file)
                         variants.append((Row("pgbench", "TPC-B %s" % ("TCP" if impl == "tcp" else "rdmasock shm"),
                                              pl, cpus, "tps", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
                                              scale=sc, clients=c, kind=impl), fn))
         for impl in impls:                       # warm-up (not recorded): shared buffers, backends, caches
-            srv = servers[impl]
-            S.run(S.pin(list(places.values())[-1][1]) + S.preload_cmd(
-                [PG.PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-c", str(max(clients)),
-                 "-j", "1", "-T", "1" if args.quick else "3", "bench%d" % scales[0]], impl == "rdmasock"),
-                timeout=200, env=S.client_env(log_file))
+            pgbench_run(servers[impl], "bench%d" % scales[0], ["-c", str(max(clients)), "-j", "1", "-T",
+                                                               "1" if args.quick else "3"],
+                        impl, list(places.values())[-1][1], log_file)
         log("pgbench warm-up done")
         rows = run_variants("pgbench", variants, args.reps, lambda v: "%.1f tps" % v)
-    finally:
-        for srv in servers.values():
-            srv.stop()
     targets = []
     for r in rows:
         base = [b for b in rows if b["kind"] == "tcp" and b["scale"] == r["scale"] and b["clients"] == r["clients"]
@@ -520,6 +545,105 @@ def bench_pgbench(args, ctx):
                                                                                                   duration)],
             "columns": ["scale", "clients", "name", "placement", "median", "min", "max", "vs_tcp_best", "status"],
             "title": "pgbench TPC-B, tps"}
+
+
+# ---------------------------------------------------------------------------------------------
+# replay
+
+_STMT_RE = re.compile(r"\[(\d+)\] LOG:  statement: (.*)$")
+
+
+def capture_pgbench_sql(srv, dbname, n_tx, path):
+    """Runs `pgbench -c 1 -t n_tx` (TPC-B) against srv with log_statement=all for that session
+    only (PGOPTIONS), takes the statements of the pgbench client's backend from the server log
+    (first BEGIN to last END) and writes them to path as a SQL script; returns the number of
+    transactions (BEGIN ... END blocks) in it."""
+    mark = S.log_size(srv.out_path)
+    env = S.client_env(None, {"PGOPTIONS": "-c log_statement=all"})
+    S.run([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-n", "-c", "1", "-t", str(n_tx),
+           dbname], timeout=600, env=env)
+    by_pid = {}
+    last = None
+    with open(srv.out_path, "rb") as f:
+        f.seek(mark)
+        for line in f.read().decode("utf-8", "replace").splitlines():
+            m = _STMT_RE.search(line)
+            if m:
+                last = by_pid.setdefault(m.group(1), [])
+                last.append(m.group(2))
+            elif line.startswith("\t") and last:        # continuation of a multi-line statement
+                last[-1] += "\n" + line[1:]
+            else:
+                last = None
+    stmts = max(by_pid.values(), key=lambda v: sum(1 for x in v if x.strip().upper() == "BEGIN;"), default=[])
+    begins = [i for i, x in enumerate(stmts) if x.strip().upper() == "BEGIN;"]
+    ends = [i for i, x in enumerate(stmts) if x.strip().upper() in ("END;", "COMMIT;")]
+    if not begins or not ends:
+        raise RuntimeError("no pgbench transactions in the server log (log_statement=all); tail:\n"
+                           + S.read_tail(srv.out_path, 1500))
+    script = stmts[begins[0]:ends[-1] + 1]
+    n = sum(1 for x in script if x.strip().upper() == "BEGIN;")
+    if n != n_tx:
+        raise RuntimeError("captured %d transactions, pgbench ran %d" % (n, n_tx))
+    with open(path, "w") as f:
+        for x in script:
+            f.write(x if x.rstrip().endswith(";") else x + ";")
+            f.write("\n")
+    return n
+
+
+def bench_replay(args, ctx):
+    """psql -f replay of pgbench's captured TPC-B SQL, one new connection per run."""
+    n_tx = 200 if args.quick else args.replay_tx
+    impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
+    places, log_file, work = ctx["places"], ctx["log_file"], ctx["work"]
+    script = os.path.join(work, "pgbench-tpcb.sql")
+    lib = None if args.tcp_only else S.require_preload()
+    variants = []
+    with pg_servers(impls, log_file) as servers:
+        for impl, srv in servers.items():
+            pg_init(srv, "replay", 1, impl == "rdmasock", log_file)
+        n_tx = capture_pgbench_sql(servers["tcp"], "replay", n_tx, script)
+        with open(script) as f:
+            n_stmts = sum(1 for _ in f)
+        log("captured %d transactions (%d statements) of pgbench TPC-B, scale 1, 1 client -> %s"
+            % (n_tx, n_stmts, script))
+
+        def replay(impl, cpu):
+            srv = servers[impl]
+            env = S.client_env(log_file, {"LD_PRELOAD": lib} if impl == "rdmasock" else None)
+            mark = S.log_size(log_file)
+            t0 = time.perf_counter()
+            S.run(S.pin(cpu) + S.psql_argv(srv.port, "replay") + ["-o", "/dev/null", "-f", script],
+                  timeout=600, env=env)
+            dt = time.perf_counter() - t0
+            return n_tx / dt, ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port))
+
+        for pl, cpus in places.items():
+            for impl in impls:
+                variants.append((Row("replay", "psql -f, %s" % ("TCP" if impl == "tcp" else "rdmasock shm"), pl,
+                                     cpus, "tx/s", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
+                                     kind=impl), lambda impl=impl, cpus=cpus: replay(impl, cpus[1])))
+        for impl in impls:                       # warm-up (not recorded)
+            replay(impl, list(places.values())[-1][1])
+        log("replay warm-up done")
+        rows = run_variants("replay", variants, args.reps, lambda v: "%.1f tx/s" % v)
+    targets = []
+    tcp = [r for r in rows if r["kind"] == "tcp" and r["median"] and r["status"] == "ok"]
+    pre = [r for r in rows if r["kind"] == "rdmasock" and r["median"] and r["status"] == "ok"]
+    for r in rows:
+        if tcp and r["median"]:
+            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in tcp), 2)
+    if tcp and pre:
+        targets.append(target("psql replay of pgbench SQL >= 1.55x TCP best", max(r["median"] for r in pre)
+                              / max(r["median"] for r in tcp), TARGETS["replay_vs_tcp"], "%.2fx"))
+    return {"rows": rows, "targets": targets,
+            "summary": ["pgbench TPC-B scale 1, 1 client, captured with log_statement=all: %d transactions, "
+                        "%d statements; each repetition is one `psql -f` (process start and connection set-up "
+                        "included); tx/s = transactions / wall seconds; client preloaded with LD_PRELOAD; "
+                        "server on CPU %d" % (n_tx, n_stmts, SERVER_CPU)],
+            "columns": ["name", "placement", "median", "min", "max", "vs_tcp_best", "status"],
+            "title": "replay: pgbench's SQL through psql -f, transactions/s"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -679,6 +803,8 @@ def main(argv=None):
     ap.add_argument("--redis-conns", default="1,50")
     ap.add_argument("--pg-scales", default="1")
     ap.add_argument("--pg-clients", default="1,4")
+    ap.add_argument("--replay-tx", type=int, default=2000,
+                    help="replay: pgbench transactions to capture and replay per psql run (default 2000; quick 200)")
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
     ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
@@ -721,7 +847,8 @@ def main(argv=None):
               "command": " ".join(["rdmasock bench"] + (argv if argv is not None else sys.argv[1:])),
               "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "git": git_state(),
               "preload_library": S.preload_status()[1] if not args.tcp_only else None, "results": {}}
-    fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench}
+    fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench,
+           "replay": bench_replay}
     try:
         ctx["bins"] = compile_c(work)
         for name in names:
@@ -735,7 +862,7 @@ def main(argv=None):
         shutil.rmtree(work, ignore_errors=True)
 
     os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, "%s-%s" % ("-".join(names) if len(names) < 4 else "all",
+    stem = os.path.join(args.out_dir, "%s-%s" % ("all" if set(names) >= set(BENCHES) else "-".join(names),
                                                  time.strftime("%Y%m%d-%H%M%S")))
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
