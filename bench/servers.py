@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -211,9 +212,11 @@ def kill_tree(proc, sig=signal.SIGKILL, timeout=10):
         proc.wait(timeout)
 
 
-def run(cmd, timeout, check=True, **kw):
+def run(cmd, timeout, check=True, while_running=None, **kw):
     """subprocess.run (input= for stdin data) with a hard timeout that kills the child's whole
-    tree; raises ServerError with the output tail on timeout or (check) non-zero exit."""
+    tree; raises ServerError with the output tail on timeout or (check) non-zero exit.
+    while_running(popen), if given, runs in a thread while the command runs (its output is
+    still drained); its exception, if any, is raised after the command ended."""
     data = kw.pop("input", None)
     if data is not None:
         kw["stdin"] = subprocess.PIPE
@@ -222,6 +225,15 @@ def run(cmd, timeout, check=True, **kw):
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     p = subprocess.Popen(cmd, start_new_session=True, **kw)
+    side, side_err = None, []
+    if while_running is not None:
+        def _side():
+            try:
+                while_running(p)
+            except Exception as exc:          # noqa: BLE001 - handed to the caller below
+                side_err.append(exc)
+        side = threading.Thread(target=_side, daemon=True)
+        side.start()
     try:
         out, err = p.communicate(input=data, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -229,6 +241,11 @@ def run(cmd, timeout, check=True, **kw):
         out, err = p.communicate()
         raise ServerError("timed out after %ss: %s\nstdout: %s\nstderr: %s"
                           % (timeout, " ".join(map(str, cmd)), _tail(out), _tail(err)))
+    finally:
+        if side is not None:
+            side.join(30)
+    if side_err:
+        raise side_err[0]
     cp = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and p.returncode != 0:
         raise ServerError("exit %d: %s\nstdout: %s\nstderr: %s"
@@ -552,6 +569,25 @@ class ProgramServer(_Server):
             return m
         self._wait_ready(ready, timeout)
         return self
+
+
+def memory_kib(pids):
+    """{"pss": .., "rss": ..} in KiB summed over pids from /proc/PID/smaps_rollup (PSS splits
+    each shared page among the processes that map it, so shared memory is counted once in
+    total).  Processes that vanished or cannot be read are skipped; "procs" counts the read ones."""
+    tot = {"pss": 0, "rss": 0, "procs": 0}
+    for pid in pids:
+        try:
+            with open("/proc/%d/smaps_rollup" % pid) as f:
+                text = f.read()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Pss", "Rss"):
+                tot[key.lower()] += int(rest.split()[0])
+        tot["procs"] += 1
+    return tot
 
 
 def conns_of(pids, port, established_only=False):

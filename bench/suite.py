@@ -20,6 +20,9 @@ Sub-benchmarks
             is captured with log_statement=all from the server log into a script, which
             `psql -f` replays, one new connection per run (process start and connection set-up
             included), plain vs psql and server both preloaded; transactions / wall seconds.
+  scale     N = 1,4,16,64,256 concurrent connections: pgbench -S (-c N -j min(N,2)) and
+            redis-benchmark GET (-c N), plain vs preloaded; throughput, and the PSS of server and
+            client processes sampled during the run: total and per extra connection.
 
 Method: every process is pinned with taskset; the server side on CPU 0, the client on CPU 0
 ("same") or CPU 1 ("cross").  Each program warms up before it measures.  Repetitions are
@@ -33,6 +36,8 @@ Outputs: bench/results/<names>-<time>.json and .md (or --out-dir), and PNG plots
 them when matplotlib can be imported (else skipped with a message: install python3-matplotlib)."""
 import argparse
 import contextlib
+import csv
+import io
 import json
 import os
 import platform
@@ -55,8 +60,9 @@ CSRC = os.path.join(HERE, "c")
 WORKER = os.path.join(HERE, "worker.py")
 SERVER_CPU = 0
 RUN_TIMEOUT = 120
-BENCHES = ("pingpong", "stream", "redis", "pgbench", "replay")
+BENCHES = ("pingpong", "stream", "redis", "pgbench", "replay", "scale")
 PGBENCH = "/usr/bin/pgbench"
+REDIS_BENCHMARK = "/usr/bin/redis-benchmark"
 STREAM_SIZES = (64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 TARGETS = {                                   # issue 5, "Targets on this 2-core machine kind"
     "pingpong_c_preload_rt_s": 1_000_000,
@@ -381,19 +387,42 @@ def bench_stream(args, ctx):
 # ---------------------------------------------------------------------------------------------
 # redis
 
+def redis_requests(conns, quick):
+    """redis-benchmark -n for the redis sub-benchmark."""
+    n = 20000 if conns == 1 else 100000
+    return n // 4 if quick else n
+
+
+def redis_run(srv, tests, conns, n, impl, cpu, log_file, wait=None):
+    """One `redis-benchmark -t TESTS -c conns -n n --csv` against srv, plain or preloaded, pinned
+    to cpu.  Returns ({TEST: requests/s}, transport verdict).  wait: see S.run(while_running)."""
+    mark = S.log_size(log_file)
+    argv = S.pin(cpu) + S.preload_cmd([REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(srv.port), "-t",
+                                       ",".join(tests), "-c", str(conns), "-n", str(n), "--csv"], impl == "rdmasock")
+    res = S.run(argv, timeout=300, env=S.client_env(log_file), while_running=wait)
+    out = res.stdout.decode(errors="replace")
+    rates = {}
+    for row in csv.reader(io.StringIO(out)):
+        if len(row) >= 2 and row[0] != "test":
+            try:
+                rates[row[0].split()[0].upper()] = float(row[1])
+            except ValueError:
+                pass
+    want = {t.upper() for t in tests}
+    if not want <= set(rates):
+        raise RuntimeError("redis-benchmark output lacks %s:\n%s\n%s"
+                           % (sorted(want - set(rates)), out[-1500:], res.stderr.decode(errors="replace")[-1000:]))
+    return {t: rates[t] for t in want}, ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns))
+
+
 def bench_redis(args, ctx):
-    import programs as P
     tests = ["ping_inline", "get", "set"]
     conns_list = [int(c) for c in args.redis_conns.split(",")]
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
-    servers = {}
     rows = {}
     variants = []
-    try:
-        for impl in impls:
-            servers[impl] = S.RedisServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file).start()
-            log("redis-server (%s) on port %d, CPU %d" % (impl, servers[impl].port, SERVER_CPU))
+    with server_pair(S.RedisServer, impls, log_file) as servers:
         for conns in conns_list:
             for pl, cpus in places.items():
                 for impl in impls:
@@ -403,19 +432,16 @@ def bench_redis(args, ctx):
                                                          conns=conns, impl=impl, kind=impl)
 
                     def fn(conns=conns, cpus=cpus, impl=impl, pl=pl):
-                        srv = servers[impl]
-                        mark = S.log_size(log_file)
-                        rates = P.run_bench(srv, tests, conns, P.requests_for(conns, args.quick), impl == "rdmasock",
-                                            cpus[1], log_file)
-                        tr = "tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns)
+                        rates, tr = redis_run(servers[impl], tests, conns, redis_requests(conns, args.quick), impl,
+                                              cpus[1], log_file)
                         for t in tests:
                             rows[(t, conns, pl, impl)].add(rates[t.upper()], tr)
                         return rates["GET"], tr
                     variants.append((_Sink("redis -c %d %s" % (conns, impl), pl, rows, (conns, pl, impl)), fn))
         for impl in impls:                       # warm-up (not recorded): connections, caches, CPU clocks
             for conns in conns_list:
-                P.run_bench(servers[impl], tests, conns, 2000 if conns == 1 else 10000, impl == "rdmasock",
-                            list(places.values())[-1][1], log_file)
+                redis_run(servers[impl], tests, conns, 2000 if conns == 1 else 10000, impl,
+                          list(places.values())[-1][1], log_file)
         log("redis warm-up done")
         prog = Progress("redis", len(variants) * args.reps)
         for rep in range(args.reps):
@@ -428,9 +454,6 @@ def bench_redis(args, ctx):
                         if k[1:] == sink.key:
                             r.fail(e)
                     prog.step("rep %d %s [%s]: FAILED %s" % (rep + 1, sink.name, sink.pl, str(e)[-200:]))
-    finally:
-        for srv in servers.values():
-            srv.stop()
     out = [r.finish() for r in rows.values()]
     targets = []
     for r in out:
@@ -445,7 +468,7 @@ def bench_redis(args, ctx):
         targets.append(target("redis-benchmark GET -c 1 >= 2x TCP best", max(r["median"] for r in pre)
                               / max(r["median"] for r in base), TARGETS["redis_get_c1_vs_tcp"], "%.2fx"))
     return {"rows": out, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining" % (
-                SERVER_CPU, ",".join(str(P.requests_for(c, args.quick)) for c in conns_list))],
+                SERVER_CPU, ",".join(str(redis_requests(c, args.quick)) for c in conns_list))],
             "targets": targets,
             "columns": ["name", "conns", "placement", "impl", "median", "min", "max", "vs_tcp_best", "status"],
             "title": "redis-benchmark, requests/s"}
@@ -460,15 +483,15 @@ class _Sink:
 # pgbench
 
 @contextlib.contextmanager
-def pg_servers(impls, log_file, settings=None):
-    """One fresh PostgreSQL cluster per impl ("tcp": plain, "rdmasock": under `rdmasock run`),
-    pinned to SERVER_CPU; yields {impl: PgServer} and stops them all afterwards."""
+def server_pair(cls, impls, log_file, **kw):
+    """One fresh server of class cls (S.PgServer, S.RedisServer) per impl ("tcp": plain,
+    "rdmasock": under `rdmasock run`), pinned to SERVER_CPU; yields {impl: server} and stops
+    them all afterwards."""
     servers = {}
     try:
         for impl in impls:
-            log("starting PostgreSQL (%s) on CPU %d" % (impl, SERVER_CPU))
-            servers[impl] = S.PgServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file,
-                                       settings=settings).start()
+            servers[impl] = cls(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file, **kw).start()
+            log("%s (%s) on port %d, CPU %d" % (cls.name, impl, servers[impl].port, SERVER_CPU))
         yield servers
     finally:
         for srv in servers.values():
@@ -483,14 +506,15 @@ def pg_init(srv, dbname, scale, preload, log_file):
           timeout=900, env=S.client_env(log_file))
 
 
-def pgbench_run(srv, dbname, opts, impl, cpu, log_file):
+def pgbench_run(srv, dbname, opts, impl, cpu, log_file, wait=None):
     """One pgbench run (opts: -c/-j/-T/...) against srv, plain (impl "tcp") or preloaded, pinned
-    to cpu.  Returns (tps without initial connection time, transport verdict)."""
+    to cpu.  Returns (tps without initial connection time, transport verdict).
+    wait: see S.run(while_running)."""
     mark = S.log_size(log_file)
     argv = S.pin(cpu) + S.preload_cmd([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres"] + opts
                                       + [dbname], impl == "rdmasock")
     timeout = float(opts[opts.index("-T") + 1]) + 180 if "-T" in opts else 600
-    res = S.run(argv, timeout=timeout, env=S.client_env(log_file))
+    res = S.run(argv, timeout=timeout, env=S.client_env(log_file), while_running=wait)
     out = res.stdout.decode(errors="replace")
     m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
     if not m or not re.search(r"number of failed transactions: 0 ", out):
@@ -506,7 +530,7 @@ def bench_pgbench(args, ctx):
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
     variants = []
-    with pg_servers(impls, log_file) as servers:
+    with server_pair(S.PgServer, impls, log_file) as servers:
         for impl, srv in servers.items():
             for sc in scales:
                 pg_init(srv, "bench%d" % sc, sc, impl == "rdmasock", log_file)
@@ -600,7 +624,7 @@ def bench_replay(args, ctx):
     script = os.path.join(work, "pgbench-tpcb.sql")
     lib = None if args.tcp_only else S.require_preload()
     variants = []
-    with pg_servers(impls, log_file) as servers:
+    with server_pair(S.PgServer, impls, log_file) as servers:
         for impl, srv in servers.items():
             pg_init(srv, "replay", 1, impl == "rdmasock", log_file)
         n_tx = capture_pgbench_sql(servers["tcp"], "replay", n_tx, script)
@@ -644,6 +668,120 @@ def bench_replay(args, ctx):
                         "server on CPU %d" % (n_tx, n_stmts, SERVER_CPU)],
             "columns": ["name", "placement", "median", "min", "max", "vs_tcp_best", "status"],
             "title": "replay: pgbench's SQL through psql -f, transactions/s"}
+
+
+# ---------------------------------------------------------------------------------------------
+# scale
+
+class MemorySampler:
+    """while_running callback: once the client holds `conns` established TCP connections to
+    port (psutil), waits `settle` seconds, then sums PSS/RSS over the server's and the
+    client's process trees (S.memory_kib) into .sample.  If the client ends first, .sample
+    stays None."""
+
+    def __init__(self, server, conns, settle):
+        self.server, self.conns, self.settle, self.sample = server, conns, settle, None
+
+    def __call__(self, popen):
+        def connected():
+            if popen.poll() is not None:
+                return True
+            return len(S.conns_of(S.process_tree(popen.pid), self.server.port, established_only=True)) >= self.conns
+        S.wait_until(connected, 120, interval=0.05)
+        time.sleep(self.settle)
+        if popen.poll() is not None:
+            return
+        m = S.memory_kib(self.server.pids() + S.process_tree(popen.pid))
+        if popen.poll() is None:                  # the client was still running: a sample of the run
+            self.sample = m
+
+
+def bench_scale(args, ctx):
+    """pgbench and redis-benchmark GET with N concurrent connections: throughput and memory."""
+    conns_list = sorted(int(c) for c in args.scale_conns.split(","))
+    duration = max(3, round(args.duration or (3 if args.quick else 6)))   # pgbench -T includes connecting
+    impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
+    places, log_file = ctx["places"], ctx["log_file"]
+    pl = args.scale_placement if args.scale_placement in places else list(places)[-1]
+    cpus = places[pl]
+    tools = [t for t in args.scale_tools.split(",") if t]
+    pg_opts = ["-S"] if args.scale_pg_script == "select" else []
+    variants, est = [], {}
+
+    def add(tool, impl, n, fn):
+        row = Row("scale", "%s %s" % (tool, "TCP" if impl == "tcp" else "rdmasock shm"), pl, cpus,
+                  "tps" if tool == "pgbench" else "req/s", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
+                  tool=tool, conns=n, kind=impl, pss_kib=[], rss_kib=[])
+
+        def measured():
+            sampler = MemorySampler(servers[tool][impl], n, min(1.0, duration / 4))
+            v, tr = fn(sampler)
+            if sampler.sample:
+                row.d["pss_kib"].append(sampler.sample["pss"])
+                row.d["rss_kib"].append(sampler.sample["rss"])
+            else:
+                row.d.setdefault("notes", []).append("memory not sampled: run ended first")
+            return v, tr
+        variants.append((row, measured))
+
+    servers = {}
+    with contextlib.ExitStack() as stack:
+        if "pgbench" in tools:
+            servers["pgbench"] = stack.enter_context(server_pair(
+                S.PgServer, impls, log_file, settings={"max_connections": str(max(conns_list) + 20)}))
+            for impl, srv in servers["pgbench"].items():
+                pg_init(srv, "scale", 1, impl == "rdmasock", log_file)
+            for n in conns_list:
+                for impl in impls:
+                    def fn(sampler, n=n, impl=impl):
+                        return pgbench_run(servers["pgbench"][impl], "scale", pg_opts + [
+                            "-c", str(n), "-j", str(min(n, 2)), "-T", str(duration)], impl, cpus[1], log_file,
+                            wait=sampler)
+                    add("pgbench", impl, n, fn)
+        if "redis" in tools:
+            servers["redis"] = stack.enter_context(server_pair(S.RedisServer, impls, log_file))
+            for n in conns_list:
+                for impl in impls:
+                    def fn(sampler, n=n, impl=impl):
+                        reqs = max(2000, 50 * n, int(est.get((impl, n), 20000) * duration))
+                        rates, tr = redis_run(servers["redis"][impl], ["get"], n, reqs, impl, cpus[1], log_file,
+                                              wait=sampler)
+                        est[(impl, n)] = rates["GET"]       # the next repetition runs ~duration seconds
+                        return rates["GET"], tr
+                    add("redis", impl, n, fn)
+        for impl in impls:                       # warm-up (not recorded), and redis' request-count estimate
+            if "pgbench" in tools:
+                pgbench_run(servers["pgbench"][impl], "scale", pg_opts + ["-c", str(max(conns_list)), "-j", "2",
+                                                                          "-T", str(duration)], impl, cpus[1], log_file)
+            if "redis" in tools:
+                for n in conns_list:
+                    est[(impl, n)] = redis_run(servers["redis"][impl], ["get"], n, max(5000, 20 * n), impl, cpus[1],
+                                               log_file)[0]["GET"]
+        log("scale warm-up done")
+        rows = run_variants("scale", variants, args.reps, lambda v: "%.0f/s" % v)
+
+    for r in rows:
+        r["pss_mib"] = statistics.median(r["pss_kib"]) / 1024 if r["pss_kib"] else None
+        r["rss_mib"] = statistics.median(r["rss_kib"]) / 1024 if r["rss_kib"] else None
+        same_n = [b for b in rows if b["tool"] == r["tool"] and b["conns"] == r["conns"] and b["kind"] == "tcp"
+                  and b["median"] and b["status"] == "ok"]
+        if same_n and r["median"]:
+            r["vs_tcp"] = round(r["median"] / same_n[0]["median"], 2)
+        one = [b for b in rows if b["tool"] == r["tool"] and b["kind"] == r["kind"] and b["conns"] == 1]
+        if r["conns"] > 1 and one and one[0]["pss_mib"] is not None and r["pss_mib"] is not None:
+            r["kib_per_conn"] = round((r["pss_mib"] - one[0]["pss_mib"]) * 1024 / (r["conns"] - 1), 1)
+    return {"rows": rows, "summary": [
+                "server on CPU %d, client on CPU %d (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
+                "%d; redis-benchmark -t get, requests sized for ~%d s" % (
+                    SERVER_CPU, cpus[1], pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
+                    max(conns_list) + 20, duration),
+                "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
+                "sampled once during each run after all N connections were established (median over the "
+                "repetitions; kernel socket buffers are not included); KiB/conn = (PSS(N) - PSS(1)) / (N - 1)"],
+            "targets": [],
+            "columns": ["tool", "conns", "name", "median", "min", "max", "vs_tcp", "pss_mib", "kib_per_conn",
+                        "status"],
+            "title": "scale: N concurrent connections, throughput and memory, TCP vs rdmasock"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,6 +851,9 @@ def plots(result, stem):
         rows = [r for r in b.get("rows", []) if r.get("median")]
         if not rows:
             continue
+        if name == "scale":
+            made.append(plot_scale(plt, rows, b.get("title", ""), "%s-%s.png" % (stem, name)))
+            continue
         fig, ax = plt.subplots(figsize=(9, 4.8))
         if name == "stream":
             series = {}
@@ -755,6 +896,42 @@ def plots(result, stem):
         plt.close(fig)
         made.append(path)
     return made
+
+
+def plot_scale(plt, rows, title, path):
+    """scale: per tool, throughput vs N (top) and PSS per extra connection vs N (bottom)."""
+    tools = sorted({r["tool"] for r in rows})
+    fig, axes = plt.subplots(2, len(tools), figsize=(6 * len(tools), 7.5), squeeze=False)
+    for col, tool in enumerate(tools):
+        top, bottom = axes[0][col], axes[1][col]
+        for kind, color in (("tcp", "tab:blue"), ("rdmasock", "tab:green")):
+            rs = sorted((r for r in rows if r["tool"] == tool and r["kind"] == kind), key=lambda r: r["conns"])
+            if not rs:
+                continue
+            label = rs[0]["name"] + ("" if all(r["status"] == "ok" for r in rs) else " (!)")
+            top.errorbar([r["conns"] for r in rs], [r["median"] for r in rs],
+                         yerr=[[r["median"] - r["min"] for r in rs], [r["max"] - r["median"] for r in rs]],
+                         marker="o", capsize=3, color=color, label=label)
+            mem = [r for r in rs if r.get("kib_per_conn") is not None]
+            bottom.plot([r["conns"] for r in mem], [r["kib_per_conn"] for r in mem], marker="o", color=color,
+                        label=label)
+        top.set_title("%s: throughput" % tool, fontsize=9)
+        top.set_ylabel("tps" if tool == "pgbench" else "GET requests/s")
+        bottom.set_title("%s: memory per extra connection, (PSS(N) - PSS(1)) / (N - 1)" % tool, fontsize=9)
+        bottom.set_ylabel("KiB per connection")
+        ns = sorted({r["conns"] for r in rows if r["tool"] == tool})
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ns)
+            ax.set_xticklabels([str(n) for n in ns])
+            ax.set_xlabel("concurrent connections N")
+            ax.legend(fontsize=7)
+            ax.set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def print_table(name, b):
@@ -805,6 +982,12 @@ def main(argv=None):
     ap.add_argument("--pg-clients", default="1,4")
     ap.add_argument("--replay-tx", type=int, default=2000,
                     help="replay: pgbench transactions to capture and replay per psql run (default 2000; quick 200)")
+    ap.add_argument("--scale-conns", default="1,4,16,64,256", help="scale: concurrent connections N")
+    ap.add_argument("--scale-tools", default="pgbench,redis", help="scale: pgbench and/or redis")
+    ap.add_argument("--scale-pg-script", choices=("select", "tpcb"), default="select",
+                    help="scale: pgbench -S (default) or TPC-B; at scale 1 TPC-B's N clients all update the one "
+                         "pgbench_branches row, so it measures row-lock waits more than connections")
+    ap.add_argument("--scale-placement", default="cross", help="scale: same or cross (default cross)")
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
     ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
@@ -848,7 +1031,7 @@ def main(argv=None):
               "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "git": git_state(),
               "preload_library": S.preload_status()[1] if not args.tcp_only else None, "results": {}}
     fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench,
-           "replay": bench_replay}
+           "replay": bench_replay, "scale": bench_scale}
     try:
         ctx["bins"] = compile_c(work)
         for name in names:
