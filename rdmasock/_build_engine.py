@@ -20,6 +20,7 @@ void rse_drop(int handle);
 void rse_plain(int fd, int reason);
 int rse_ready(void);
 int rse_step(int handle, int wait_ms, uintptr_t *out);
+void rse_release(uintptr_t conn);
 """
 
 BOOT_C = r"""
@@ -144,6 +145,10 @@ def rse_drop(handle):
 @ffi.def_extern(onerror=_quiet)
 def rse_plain(fd, reason):
     _engine.plain(fd, reason)
+
+@ffi.def_extern(onerror=_quiet)
+def rse_release(conn):
+    _engine.release(conn)
 
 @ffi.def_extern(error=-71, onerror=_quiet)      # -EPROTO: the connection reports an error
 def rse_step(handle, wait_ms, out):

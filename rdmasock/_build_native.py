@@ -5,7 +5,8 @@ project root, where setuptools runs it."""
 import cffi
 
 SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
-           "shim/rs_preamble.c"]
+           "shim/rs_preamble.c",
+           "shim/rs_rdma.c"]
 
 CDEF = """
 typedef struct rs_conn {
@@ -43,6 +44,24 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t rs_rx_available(rs_conn *c);
 int rs_rx_ready(rs_conn *c);
 int rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
+struct rs_rdma_params {
+    void *qp; void *cq;
+    uint32_t lkey_own, lkey_sync, lkey_shadow;
+    uint32_t rkey_ring, rkey_mirror, rkey_words;
+    uint64_t raddr_ring, raddr_mirror, raddr_words;
+    uint32_t max_inline, sq_depth, sync_timeout_ms;
+};
+#define RS_RDMA_OFF_OWN 0
+#define RS_RDMA_OFF_MIRROR 64
+#define RS_RDMA_OFF_SYNC 128
+#define RS_RDMA_HDR 4096
+int rs_rdma_supported(void);
+void *rs_rdma_alloc(uint32_t ring_size, size_t *len_out);
+void rs_rdma_unalloc(void *base, size_t len);
+rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_t salt, int fd,
+                             uint32_t spin_ns, const struct rs_rdma_params *p);
+int rs_rdma_quiesce(rs_conn *c, int timeout_ms);
+void rs_rdma_stats(rs_conn *c, uint64_t *out4);
 void *rs_shm_map(int memfd, size_t *len_out, int *err);
 """
 

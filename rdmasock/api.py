@@ -311,7 +311,8 @@ class socket(_base):
         else:
             _base.listen(self, backlog)
         cfg = config.get()
-        if self._lmarker is None and not cfg.disabled and not PRELOADED and "shm" in cfg.transports \
+        if self._lmarker is None and not cfg.disabled and not PRELOADED \
+                and ("shm" in cfg.transports or "rdma" in cfg.transports) \
                 and not cfg.excluded(*self.getsockname()[:2]):
             self._lmarker = rendezvous.register_listener(self)
 
@@ -321,15 +322,11 @@ class socket(_base):
         if _socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
         cfg = config.get()
-        # The client's own registration decides, not ours: with SO_REUSEPORT another
-        # listener may hold the listener name, and its clients still send a HELLO.
+        why = None if PRELOADED else upgrade.server_plan(self.getsockname(), addr)
         if PRELOADED:
             pass                                  # the preloaded engine handles this socket
-        elif cfg.disabled or "shm" not in cfg.transports or cfg.excluded(*self.getsockname()[:2]):
-            sock.fallback_reason = "disabled" if cfg.disabled else "excluded"
-            sock._log("server")
-        elif not rendezvous.client_exists(addr[0], addr[1]):
-            sock.fallback_reason = "peer_not_rdmasock"
+        elif why is not None:
+            sock.fallback_reason = why
             sock._log("server")
         else:
             sock._hs = upgrade.Server(sock)
@@ -504,7 +501,7 @@ class socket(_base):
         c, self._conn = self._conn, None
         if c is not None:
             lib.rs_send_fin(c)
-            upgrade.transport_shm.release(c)
+            upgrade.release(c)
         pre, self._rxpre = self._rxpre, None
         if pre is not None:
             lib.rs_conn_free(pre)

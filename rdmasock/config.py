@@ -30,6 +30,16 @@ class Config:
         self.exclude = _filters(env.get("RDMASOCK_EXCLUDE", ""))
         # Older spelling, kept: a list of ports.
         self.exclude += [(None, int(p)) for p in env.get("RDMASOCK_EXCLUDE_PORTS", "").split(",") if p.strip()]
+        # Remote peers known to run rdmasock (no rendezvous reaches another host): a client
+        # sends HELLO to a listed server, a server expects one from a listed client.
+        self.peers = _filters(env.get("RDMASOCK_PEERS", ""))
+        self.rdma_timeout = float(env.get("RDMASOCK_RDMA_TIMEOUT", "5"))
+        ka = [int(x) for x in env.get("RDMASOCK_KEEPALIVE", "10,2,3").split(",") if x.strip()]
+        self.keepalive = tuple(ka) if len(ka) == 3 and ka[0] > 0 else None
+
+    def listed_peer(self, host, port):
+        """True if RDMASOCK_PEERS names this endpoint (address and, if given, port)."""
+        return any(_match(f, host, port) for f in self.peers)
 
     def excluded(self, host, port):
         """True if the endpoint (server address, port) must stay plain TCP."""

@@ -64,7 +64,7 @@ def _log(role, sock, transport, reason):
 
 def listen(fd):
     cfg = config.get()
-    if cfg.disabled or "shm" not in cfg.transports:
+    if cfg.disabled or ("shm" not in cfg.transports and "rdma" not in cfg.transports):
         return 0
     s = AppSocket(fd)
     try:
@@ -132,17 +132,17 @@ def hello(handle):
 
 
 def accept(lfd, fd):
-    """An accepted socket: its client registered a rendezvous name, so a HELLO follows."""
-    cfg = config.get()
-    if cfg.disabled:
+    """An accepted socket: a HELLO follows if its client registered a rendezvous name (or
+    is listed in RDMASOCK_PEERS)."""
+    if config.get().disabled:
         return 0
     s = AppSocket(fd)
     try:
-        peer = s.getpeername()
-        if not rendezvous.client_exists(peer[0], peer[1]):
-            _log("server", s, "tcp", "peer_not_rdmasock")
+        why = upgrade.server_plan(s.getsockname(), s.getpeername())
+        if why is not None:
+            _log("server", s, "tcp", why)
             s.close()
-            return -reasons.CODE_BY_NAME["peer_not_rdmasock"]
+            return -reasons.CODE_BY_NAME[why]
     except OSError:
         s.close()
         return 0
@@ -199,6 +199,12 @@ def _finish(handle, h, transport, reason):
     _handshakes.pop(handle, None)
     log.connection(h.role, getattr(h, "local", None), h.peer, transport, reason)
     h.close()
+
+
+def release(conn_addr):
+    """The C side frees the connection at conn_addr: rdma's verbs objects go first."""
+    from . import transport_rdma
+    transport_rdma.release(conn_addr)
 
 
 def internal_error(exc, val, tb):

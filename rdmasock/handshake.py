@@ -15,6 +15,8 @@ Valkey/Redis RDMA protocol does it (the server answers with the subset it suppor
    49  pad       3
    52  pid       4  sender's pid (diagnostics only)
    56  salt      8  ACCEPT: footer salt of the segment
+   64  extension    (length - 64 bytes) HELLO offering rdma / ACCEPT of rdma: the sender's
+                    RDMA PARAMS (rdmasock.rdma_setup, 88 bytes)
 """
 import struct
 
@@ -48,17 +50,19 @@ class HandshakeError(ConnectionError):
 
 
 class Message:
-    __slots__ = ("version", "op", "length", "features", "transports", "reason", "nonce", "ring_log2", "pid", "salt")
+    __slots__ = ("version", "op", "length", "features", "transports", "reason", "nonce", "ring_log2", "pid", "salt",
+                 "ext")
 
     def __init__(self, op, features=0, transports=0, reason=0, nonce=b"\0" * 16, ring_log2=0, pid=0, salt=0,
-                 version=VERSION, length=MSG_LEN):
+                 version=VERSION, length=MSG_LEN, ext=b""):
         self.version, self.op, self.length = version, op, length
         self.features, self.transports, self.reason = features, transports, reason
         self.nonce, self.ring_log2, self.pid, self.salt = nonce, ring_log2, pid, salt
+        self.ext = ext
 
     def pack(self):
-        return MSG.pack(MAGIC, self.version, self.op, self.length, self.features, self.transports,
-                        self.reason, self.nonce, self.ring_log2, self.pid, self.salt)
+        return MSG.pack(MAGIC, self.version, self.op, MSG_LEN + len(self.ext), self.features, self.transports,
+                        self.reason, self.nonce, self.ring_log2, self.pid, self.salt) + bytes(self.ext)
 
 
 def classify(prefix):
@@ -78,7 +82,8 @@ def parse(buf, expect_ops):
         raise HandshakeError("handshake_garbage", "rdmasock: handshake: unexpected opcode %d" % op)
     if version == 0:
         raise HandshakeError("handshake_garbage", "rdmasock: handshake: version 0")
-    return Message(op, features, transports, reason, nonce, ring_log2, pid, salt, version, length)
+    return Message(op, features, transports, reason, nonce, ring_log2, pid, salt, version, length,
+                   bytes(buf[MSG_LEN:length]))
 
 
 def declared_length(buf):

@@ -30,9 +30,12 @@ Connection parameters travel as PARAMS (72 bytes, big endian, no padding):
      24  16  GID (raw)
      40   8  receive ring address
      48   8  receive ring length
-     56   8  credit word address
+     56   8  credit word address (the mirror of the peer's counters: remote write)
      64   4  credit word length
      68   4  rkey of the credit word
+     72   8  words address (this side's own counters: remote read; 0 if none)
+     80   4  words length
+     84   4  rkey of the words
 """
 import errno
 import os
@@ -45,13 +48,13 @@ from collections import namedtuple
 from . import devices
 from .devices import RdmaUnavailable
 
-PARAMS = struct.Struct(">4sBBBBHHIII16sQQQII")
-PARAMS_SIZE = PARAMS.size            # 72
+PARAMS = struct.Struct(">4sBBBBHHIII16sQQQIIQII")
+PARAMS_SIZE = PARAMS.size            # 88
 PARAMS_MAGIC = b"RSRD"
-PARAMS_VERSION = 1
+PARAMS_VERSION = 2
 
 Params = namedtuple("Params", "link_layer mtu lid qpn psn ring_rkey gid ring_addr ring_len "
-                              "credit_addr credit_len credit_rkey")
+                              "credit_addr credit_len credit_rkey words_addr words_len words_rkey")
 Completion = namedtuple("Completion", "wr_id status opcode byte_len")
 
 DEFAULT_SQ_DEPTH = 256
@@ -151,7 +154,9 @@ class Endpoint:
             attr = self._attr(e.IBV_QPS_INIT)
             attr.pkey_index = 0
             attr.port_num = self.choice.port
-            attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE     # no remote read, no atomics
+            # Remote READ reaches only regions registered with it (the counters of
+            # register_words); rings are remote-write only; no atomics.
+            attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
             self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
         except Exception as exc:
             self.close()
@@ -231,6 +236,16 @@ class Endpoint:
         e = _e()
         return self._register("credit", addr, length, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 
+    def register_words(self, addr, length):
+        """This side's own counters, which the peer may RDMA READ (and nothing else)."""
+        e = _e()
+        return self._register("words", addr, length, e.IBV_ACCESS_REMOTE_READ)
+
+    def register_local(self, name, addr, length):
+        """A local buffer RDMA READ responses land in (no remote access)."""
+        e = _e()
+        return self._register(name, addr, length, e.IBV_ACCESS_LOCAL_WRITE)
+
     def register_source(self, addr, length, name="source"):
         """A local buffer RDMA WRITEs are sent from (no remote access at all)."""
         return self._register(name, addr, length, 0)
@@ -239,12 +254,14 @@ class Endpoint:
         """This side's PARAMS (bytes) for the peer."""
         ring = self._regions.get("ring")
         credit = self._regions.get("credit")
+        words = self._regions.get("words")
         c = self.choice
         return PARAMS.pack(PARAMS_MAGIC, PARAMS_VERSION, c.link_layer, c.active_mtu, 0, c.lid, 0,
                            self.qp.qp_num, self.psn, ring.rkey if ring else 0, bytes(c.gid),
                            ring.addr if ring else 0, ring.length if ring else 0,
                            credit.addr if credit else 0, credit.length if credit else 0,
-                           credit.rkey if credit else 0)
+                           credit.rkey if credit else 0, words.addr if words else 0,
+                           words.length if words else 0, words.rkey if words else 0)
 
     @staticmethod
     def parse_params(data):
@@ -252,15 +269,15 @@ class Endpoint:
         if len(data) != PARAMS_SIZE:
             raise RdmaUnavailable("bad_params", "%d bytes, want %d" % (len(data), PARAMS_SIZE))
         (magic, version, ll, mtu, _r1, lid, _r2, qpn, psn, ring_rkey, gid, ring_addr, ring_len,
-         credit_addr, credit_len, credit_rkey) = PARAMS.unpack(data)
+         credit_addr, credit_len, credit_rkey, words_addr, words_len, words_rkey) = PARAMS.unpack(data)
         if magic != PARAMS_MAGIC or version != PARAMS_VERSION:
             raise RdmaUnavailable("bad_params", "magic/version %r/%d" % (magic, version))
         if ll not in (1, 2) or not 1 <= mtu <= 5 or qpn >= 1 << 24 or psn >= 1 << 24 or not qpn:
             raise RdmaUnavailable("bad_params", "link layer %d mtu %d qpn %#x psn %#x" % (ll, mtu, qpn, psn))
-        if (ring_len and not ring_addr) or (credit_len and not credit_addr):
+        if (ring_len and not ring_addr) or (credit_len and not credit_addr) or (words_len and not words_addr):
             raise RdmaUnavailable("bad_params", "region without address")
         return Params(ll, mtu, lid, qpn, psn, ring_rkey, gid, ring_addr, ring_len,
-                      credit_addr, credit_len, credit_rkey)
+                      credit_addr, credit_len, credit_rkey, words_addr, words_len, words_rkey)
 
     def connect(self, peer_params):
         """Import the peer's PARAMS and move the QP INIT -> RTR -> RTS."""
@@ -271,7 +288,8 @@ class Endpoint:
             raise RdmaUnavailable("bad_params", "peer link layer %d, ours %d" % (p.link_layer, self.choice.link_layer))
         self.peer = p
         self._remote = {"ring": (p.ring_addr, p.ring_len, p.ring_rkey),
-                        "credit": (p.credit_addr, p.credit_len, p.credit_rkey)}
+                        "credit": (p.credit_addr, p.credit_len, p.credit_rkey),
+                        "words": (p.words_addr, p.words_len, p.words_rkey)}
         self.path_mtu = min(p.mtu, self.choice.active_mtu)
         gr = GlobalRoute(dgid=GID(_gid_str(p.gid)), sgid_index=self.choice.gid_index, hop_limit=HOP_LIMIT)
         try:
@@ -279,7 +297,7 @@ class Endpoint:
             a.path_mtu = self.path_mtu
             a.dest_qp_num = p.qpn
             a.rq_psn = p.psn
-            a.max_dest_rd_atomic = 0          # the peer may not read or do atomics here
+            a.max_dest_rd_atomic = 1          # one READ of our counters at a time
             a.min_rnr_timer = MIN_RNR_TIMER
             a.ah_attr = AHAttr(dlid=p.lid, sl=0, is_global=1, port_num=self.choice.port, gr=gr)
             self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN |
@@ -289,7 +307,7 @@ class Endpoint:
             a.retry_cnt = RETRY_CNT
             a.rnr_retry = RNR_RETRY
             a.sq_psn = self.psn
-            a.max_rd_atomic = 0
+            a.max_rd_atomic = 1               # we READ the peer's counters, one at a time
             self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT |
                            e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
         except Exception as exc:

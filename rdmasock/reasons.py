@@ -18,7 +18,19 @@ REASONS = {
     12: ("already_connected", "the socket was connected before rdmasock saw it"),
     13: ("peer_declined", "the peer declined the upgrade"),
     14: ("closed_during_handshake", "the peer closed the connection before the handshake finished"),
+    15: ("rdma_unavailable", "no usable RDMA device, port or GID (or pyverbs is missing)"),
+    16: ("memlock", "the locked-memory limit (ulimit -l) is too low to register the rings"),
+    17: ("rdma_setup_failed", "creating the RDMA queue pair or memory regions failed"),
+    18: ("rdma_connect_failed", "the peers' RDMA parameters did not fit or the queue pair did not connect"),
+    19: ("rdma_failed", "the RDMA transport failed mid-stream: the connection ended with an error"),
 }
+
+# RdmaUnavailable.reason (rdmasock.devices, rdma_setup, transport_rdma) -> reason code name
+RDMA_REASONS = {"no_pyverbs": "rdma_unavailable", "no_device": "rdma_unavailable",
+                "no_active_port": "rdma_unavailable", "bad_config": "rdma_unavailable",
+                "memlock": "memlock", "verbs_setup_failed": "rdma_setup_failed",
+                "rdma_setup_failed": "rdma_setup_failed", "bad_params": "rdma_connect_failed",
+                "qp_connect_failed": "rdma_connect_failed"}
 
 CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}
 

@@ -11,8 +11,9 @@ import select
 import socket as _s
 import time
 
-from . import config, handshake as hs, reasons, rendezvous, transport_shm
+from . import config, handshake as hs, reasons, rendezvous, transport_rdma, transport_shm
 from ._native import ffi, lib
+from .devices import RdmaUnavailable
 
 _sendall = _s.socket.sendall
 
@@ -60,10 +61,14 @@ def plan_client(sock, family, sockaddr):
         return "disabled", None
     if cfg.excluded(host, port):
         return "excluded", None
-    if "shm" not in cfg.transports:
-        return "no_common_transport", None
     if not rendezvous.listener_exists(host, port):
-        return "peer_not_rdmasock", None
+        # Another host (or network namespace): no rendezvous reaches it, so only a peer
+        # listed in RDMASOCK_PEERS gets a HELLO, and only rdma can carry it.
+        if not cfg.listed_peer(host, port):
+            return "peer_not_rdmasock", None
+        return (None, None) if "rdma" in cfg.transports else ("no_common_transport", None)
+    if "shm" not in cfg.transports and "rdma" not in cfg.transports:
+        return "no_common_transport", None
     local = sock.getsockname()
     if local[1] == 0:
         ip = host
@@ -80,6 +85,48 @@ def plan_client(sock, family, sockaddr):
         return "excluded", None                 # wildcard-bound client port: name unknowable
     marker = rendezvous.register_client(local[0], local[1])
     return (None, marker) if marker is not None else ("marker_busy", None)
+
+
+def server_plan(local, peer):
+    """After accept: will this client send a HELLO?  None if so, else the reason why not.
+    The client's own registration decides, not ours (with SO_REUSEPORT another listener may
+    hold the listener name), or RDMASOCK_PEERS for clients on other hosts."""
+    cfg = config.get()
+    if cfg.disabled:
+        return "disabled"
+    if cfg.excluded(local[0], local[1]):
+        return "excluded"
+    if "shm" not in cfg.transports and "rdma" not in cfg.transports:
+        return "no_common_transport"
+    if rendezvous.client_exists(peer[0], peer[1]) or cfg.listed_peer(peer[0], local[1]):
+        return None
+    return "peer_not_rdmasock"
+
+
+def release(conn):
+    """Frees a C connection made by a handshake (rdma: its last WRITEs leave and its verbs
+    objects go first)."""
+    transport_rdma.release(int(ffi.cast("uintptr_t", conn)))
+    ffi.release(conn)
+
+
+def _keepalive(sock):
+    """An rdma connection's TCP socket carries only doorbells: TCP keepalive is what notices
+    a peer host that vanished without closing it (RDMASOCK_KEEPALIVE=idle,interval,count)."""
+    ka = config.get().keepalive
+    if not ka:
+        return
+    try:
+        _s.socket.setsockopt(sock, _s.SOL_SOCKET, _s.SO_KEEPALIVE, 1)
+        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPIDLE, ka[0])
+        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPINTVL, ka[1])
+        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPCNT, ka[2])
+    except OSError:
+        pass
+
+
+def _rdma_reason(exc):
+    return reasons.RDMA_REASONS.get(exc.reason, "rdma_setup_failed")
 
 
 def after_answer(side, outcome, fd):
@@ -171,14 +218,26 @@ class Client(_Side):
         self.marker = marker
         self.nonce = secrets.token_bytes(16)
         self.hello_sent = False
+        self.rdma = None             # transport_rdma.Side while rdma is offered
+        self.local_reason = None     # why this side could not offer rdma
 
     def start(self):
+        """Sends HELLO: shm to a local listener (marker registered), else rdma (its set-up
+        happens here, so its PARAMS travel in the HELLO)."""
         cfg = config.get()
-        offer = 0
-        for t in cfg.transports:
-            offer |= hs.TRANSPORT_BITS.get(t, 0) & hs.T_SHM    # rdma: not offered by this build
+        offer, ext = 0, b""
+        if self.marker is not None and "shm" in cfg.transports:
+            offer |= hs.T_SHM
+        elif "rdma" in cfg.transports:
+            try:
+                self.rdma = transport_rdma.Side(cfg.ring_size)
+                ext = self.rdma.params()
+                offer |= hs.T_RDMA
+            except RdmaUnavailable as exc:
+                self.local_reason = _rdma_reason(exc)
+                self.rdma = None
         hello = hs.Message(hs.OP_HELLO, features=hs.SUPPORTED, transports=offer, nonce=self.nonce,
-                           ring_log2=cfg.ring_size.bit_length() - 1, pid=os.getpid())
+                           ring_log2=cfg.ring_size.bit_length() - 1, pid=os.getpid(), ext=ext)
         _sendall(self.sock, hello.pack())
         self.hello_sent = True
 
@@ -209,8 +268,15 @@ class Client(_Side):
         if msg.nonce != self.nonce:
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: reply does not echo our nonce")
         if msg.op == hs.OP_DECLINE:
-            return Outcome("tcp", reasons.name(msg.reason))
-        if msg.transports != hs.T_SHM or msg.features & hs.REQUIRED != hs.REQUIRED:
+            reason = reasons.name(msg.reason)
+            if self.local_reason and reason == "no_common_transport":
+                reason = self.local_reason      # we offered nothing: say why
+            return Outcome("tcp", reason)
+        if msg.features & hs.REQUIRED != hs.REQUIRED:
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT without the required features")
+        if msg.transports == hs.T_RDMA and self.rdma is not None:
+            return self._accept_rdma(msg)
+        if msg.transports != hs.T_SHM or self.marker is None:
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT of a transport we did not offer")
         fd = None
         for _ in range(200):                   # sent before ACCEPT: normally already queued
@@ -231,10 +297,26 @@ class Client(_Side):
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
         return Outcome("shm", conn=conn)
 
+    def _accept_rdma(self, msg):
+        side, self.rdma = self.rdma, None
+        try:
+            if msg.ring_log2 != config.get().ring_size.bit_length() - 1:
+                raise RdmaUnavailable("bad_params", "ACCEPT grants ring 2^%d, we offered 2^%d"
+                                      % (msg.ring_log2, config.get().ring_size.bit_length() - 1))
+            conn = side.connect(msg.ext, self.sock.fileno(), msg.salt, config.get().spin_us)
+        except RdmaUnavailable as exc:
+            side.close()
+            raise hs.HandshakeError(_rdma_reason(exc), "rdmasock: handshake: rdma: %s" % exc)
+        _keepalive(self.sock)
+        return Outcome("rdma", conn=conn)
+
     def close(self):
         if self.marker is not None:
             self.marker.close()
             self.marker = None
+        if self.rdma is not None:
+            self.rdma.close()
+            self.rdma = None
 
 
 class Server(_Side):
@@ -262,9 +344,44 @@ class Server(_Side):
         if hello.features & hs.REQUIRED != hs.REQUIRED:
             reply.reason = reasons.CODE_BY_NAME["version_mismatch"]
             return Outcome("tcp", "version_mismatch")
-        if not (hello.transports & hs.T_SHM and "shm" in cfg.transports):
-            reply.reason = reasons.CODE_BY_NAME["no_common_transport"]
-            return Outcome("tcp", "no_common_transport")
+        reason = "no_common_transport"
+        if hello.transports & hs.T_SHM and "shm" in cfg.transports:
+            outcome = self._choose_shm(hello, reply)
+            if outcome.conn is not None:
+                return outcome
+            reason = outcome.reason
+        if hello.transports & hs.T_RDMA and "rdma" in cfg.transports:
+            outcome = self._choose_rdma(hello, reply)
+            if outcome.conn is not None:
+                return outcome
+            reason = outcome.reason
+        reply.op, reply.transports = hs.OP_DECLINE, 0
+        reply.reason = reasons.CODE_BY_NAME[reason]
+        return Outcome("tcp", reason)
+
+    def _choose_rdma(self, hello, reply):
+        """The client's ring size is granted as offered: both sides allocated their rings
+        before they knew each other's configuration."""
+        cfg = config.get()
+        if not 12 <= hello.ring_log2 <= 30:
+            return Outcome("tcp", "rdma_connect_failed")
+        salt = secrets.randbits(64)
+        side = None
+        try:
+            side = transport_rdma.Side(1 << hello.ring_log2)
+            params = side.params()
+            conn = side.connect(hello.ext, self.sock.fileno(), salt, cfg.spin_us)
+        except RdmaUnavailable as exc:
+            if side is not None:
+                side.close()
+            return Outcome("tcp", _rdma_reason(exc))
+        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_RDMA, hello.features & hs.SUPPORTED
+        reply.ring_log2, reply.salt, reply.ext = hello.ring_log2, salt, params
+        _keepalive(self.sock)
+        return Outcome("rdma", conn=conn)
+
+    def _choose_shm(self, hello, reply):
+        cfg = config.get()
         ring_log2 = min(max(hello.ring_log2, 12), cfg.ring_size.bit_length() - 1, 30)
         salt = secrets.randbits(64)
         stage = "shm_unavailable"
@@ -278,7 +395,6 @@ class Server(_Side):
         except OSError:
             if stage == "fd_pass_failed":
                 transport_shm.release(conn)
-            reply.reason = reasons.CODE_BY_NAME[stage]
             return Outcome("tcp", stage)
         finally:
             if memfd is not None:

@@ -47,6 +47,7 @@ rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint3
 void rs_conn_free(rs_conn *c)
 {
     if (!c) return;
+    rs_rdma_free(c);
     if (c->map_base) munmap(c->map_base, c->map_len);
     free(c);
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include "rs_wire.h"
+#include "rs_rdma.h"
 
 #define RS_ERRMSG_LEN 160
 
@@ -51,9 +52,10 @@ struct rs_conn {
     uint32_t spin_ns;         /* busy-poll budget before sleeping in the kernel (maximum) */
     uint32_t spin_cur;        /* current adaptive budget, <= spin_ns */
 
-    /* shm mapping owned by this connection (NULL for other transports) */
+    /* memory owned by this connection: the shm mapping, or the rdma rings and words */
     void    *map_base;
     size_t   map_len;
+    struct rs_rdma *rdma;     /* rdma transport state (rs_rdma.c), NULL for shm */
 
     /* statistics */
     uint64_t stat_bells_sent, stat_sleeps, stat_records_tx, stat_records_rx;
@@ -80,6 +82,7 @@ ssize_t  rs_rx_available(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
 void     rs_rx_publish_credit(rs_conn *c, int force);
+uint64_t rs_rx_produced(rs_conn *c);
 
 /* rs_preamble.c: client bytes sent before the server's answer travel as TCP frames */
 #define RS_PRE_HDR          8
@@ -104,6 +107,7 @@ void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uin
 int      rs_rx_go_idle(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
+int      rs_tx_arm_credit(rs_conn *c);
 void     rs_relax(void);
 
 /* rs_shm.c */

@@ -58,6 +58,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
  * is blocked, or (force) before going idle. */
 void rs_rx_publish_credit(rs_conn *c, int force)
 {
+    if (c->rdma) { rs_rdma_publish_credit(c, force); return; }
     struct rs_dir_ctl *k = c->rx_ctl;
     uint64_t lag = c->rx_pos - c->rx_head_pub;
     if (!lag && !force) return;
@@ -150,6 +151,15 @@ static ssize_t pre_available(rs_conn *c)
         left = (uint32_t)buf[pos + 4] << 24 | (uint32_t)buf[pos + 5] << 16 | (uint32_t)buf[pos + 6] << 8 | buf[pos + 7];
         pos += RS_PRE_HDR;
     }
+}
+
+/* Payload bytes the producer has made available so far (a mark for edge-triggered
+ * readiness): shm shares the producer's counter, rdma counts what has landed. */
+uint64_t rs_rx_produced(rs_conn *c)
+{
+    if (!c->rx_ring) return 0;
+    if (c->rdma) return c->rx_bytes + (uint64_t)ring_available(c);
+    return __atomic_load_n(&c->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
 }
 
 ssize_t rs_rx_available(rs_conn *c)

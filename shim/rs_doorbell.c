@@ -44,6 +44,7 @@ static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 /* Producer side: after publishing records, wake the consumer if it asked for it. */
 void rs_tx_flush_bell(rs_conn *c)
 {
+    if (c->rdma) { rs_rdma_flush_bell(c); return; }
     struct rs_dir_ctl *k = c->tx_ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
     if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
@@ -106,7 +107,20 @@ static int go_idle(rs_conn *c, int check);
 /* Called by a consumer that found its ring empty.  Returns 1 if a record is there after
  * all (consume it, nothing was drained), 0 if the connection is idle: want_bell is set
  * and every doorbell byte sent before that moment has been read off the socket. */
-int rs_rx_go_idle(rs_conn *c) { return go_idle(c, 1); }
+int rs_rx_go_idle(rs_conn *c)
+{
+    if (c->rdma) return c->rx_pre ? 0 : rs_rdma_go_idle(c);
+    return go_idle(c, 1);
+}
+
+/* Producer with a full ring, before it sleeps: ask the consumer for a credit doorbell.
+ * Returns 1 if there is room after all. */
+int rs_tx_arm_credit(rs_conn *c)
+{
+    if (c->rdma) return rs_rdma_arm_credit(c);
+    __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+    return rs_tx_writable(c);
+}
 
 /* After a recv emptied the ring: if doorbell bytes are outstanding, read them now so a
  * level-triggered select/epoll does not report a readiness that has been consumed.
@@ -114,7 +128,7 @@ int rs_rx_go_idle(rs_conn *c) { return go_idle(c, 1); }
 void rs_rx_tidy(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
-    if (c->rx_pre || !c->rx_ring) return;
+    if (c->rx_pre || !c->rx_ring || c->rdma) return;   /* rdma: the next go_idle drains */
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
     if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);

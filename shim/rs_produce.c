@@ -29,6 +29,7 @@ static inline uint64_t tx_free(rs_conn *c)
 
 static inline void refresh_credit(rs_conn *c)
 {
+    if (c->rdma) { rs_rdma_refresh_credit(c); return; }
     c->tx_head_seen = __atomic_load_n(&c->tx_ctl->head, __ATOMIC_ACQUIRE);
 }
 
@@ -62,7 +63,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         uint64_t now = rs_now_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
         if (now < spin_end) { rs_relax(); continue; }
-        __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+        rs_tx_arm_credit(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         /* Sleep without touching the receive side (another thread may be in recv) or

@@ -29,6 +29,7 @@
 
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */
 #define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
+#define RS_BELL_FAIL       0xE5u                /* the sender's transport failed: the connection is lost */
 
 /* Total ring bytes a record with this lenword occupies. */
 static inline uint32_t rs_rec_size(uint32_t lenword)

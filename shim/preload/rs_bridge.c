@@ -29,6 +29,7 @@ static struct {
     void (*plain)(int, int);
     int (*ready)(void);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
+    void (*release)(uintptr_t);          /* before rs_conn_free of an rdma connection */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -80,9 +81,9 @@ static void engine_load(void)
     SYM(boot, "rse_boot"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
     SYM(drop, "rse_drop"); SYM(step, "rse_step");
-    SYM(plain, "rse_plain"); SYM(ready, "rse_ready");
+    SYM(plain, "rse_plain"); SYM(ready, "rse_ready"); SYM(release, "rse_release");
     if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.step || !eng.plain || !eng.ready) { log_unusable("engine_incomplete"); return; }
+        !eng.drop || !eng.step || !eng.plain || !eng.ready || !eng.release) { log_unusable("engine_incomplete"); return; }
     if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
     if (!eng.ready()) { log_unusable("engine_import_failed"); return; }
     eng_state = 1;
@@ -120,6 +121,15 @@ int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = e
 void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
 void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd, reason)); }
 
+/* Frees an upgraded connection: an rdma one first lets its last WRITEs leave and has the
+ * engine destroy its verbs objects (which must go before the memory is unmapped).  After
+ * fork the verbs objects belong to the parent: the child only drops its copy. */
+void rs_br_conn_free(rs_conn *c, int forked)
+{
+    if (c && c->rdma && !forked && rs_engine_loaded()) CALL(eng.release((uintptr_t)c));
+    rs_conn_free(c);
+}
+
 /* Engine step results (rdmasock/engine.py) */
 #define STEP_PENDING   0
 #define STEP_RING      1
@@ -142,7 +152,7 @@ int rs_step(int fd, struct rs_link *l, int wait_ms)
         rs_in_engine = 0;
         errno = e;
         if (s != STEP_PENDING && s != STEP_CONNECTING)
-            l->stat = rs_stat_open(fd, role, s == STEP_RING ? 1 : 0, (int)out[1]);
+            l->stat = rs_stat_open(fd, role, s != STEP_RING ? 0 : ((rs_conn *)out[0])->rdma ? 2 : 1, (int)out[1]);
         if (s < 0) {
             l->state = RS_BROKEN;
             l->err = -s;

@@ -84,10 +84,8 @@ static short ring_revents(rs_conn *c, short events)
 static int arm(rs_conn *c, short events)
 {
     int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
-    if ((events & (POLLOUT | POLLWRNORM)) && !rs_tx_writable(c)) {
-        __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
-        if (rs_tx_writable(c)) ready = 1;
-    }
+    if ((events & (POLLOUT | POLLWRNORM)) && !rs_tx_writable(c) && (rs_tx_arm_credit(c) || rs_tx_writable(c)))
+        ready = 1;
     return ready || c->err || c->tcp_eof;
 }
 
@@ -406,7 +404,7 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
     for (int i = 0; i < s->n && n < max; i++) {
         struct rs_link *l = ring_link(s->m[i].fd);
         if (!l || s->m[i].disarmed) continue;
-        uint64_t produced = __atomic_load_n(&l->conn->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
+        uint64_t produced = rs_rx_produced(l->conn);
         if ((s->m[i].events & EPOLLET) && produced == s->m[i].et_mark && !l->conn->fin_seen) continue;
         short want = (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0) |
                      (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
@@ -450,11 +448,10 @@ static int ep_filter_out(struct ep_set *s, struct epoll_event *ev, int k)
             struct rs_link *l = ring_link(s->m[i].fd);
             if (!l) break;
             if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(l->conn)) {
-                __atomic_store_n(&l->conn->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
-                if (!rs_tx_writable(l->conn)) ev[j].events &= ~(uint32_t)EPOLLOUT;
+                if (!rs_tx_arm_credit(l->conn) && !rs_tx_writable(l->conn)) ev[j].events &= ~(uint32_t)EPOLLOUT;
             }
             /* the kernel's report counts as ours: no second edge, no second one-shot */
-            if (ev[j].events & EPOLLIN) s->m[i].et_mark = __atomic_load_n(&l->conn->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
+            if (ev[j].events & EPOLLIN) s->m[i].et_mark = rs_rx_produced(l->conn);
             if (s->m[i].events & EPOLLONESHOT) s->m[i].disarmed = 1;
             break;
         }

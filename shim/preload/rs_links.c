@@ -91,7 +91,7 @@ void rs_link_free(struct rs_link *l, int fd)
     switch (l->state) {
     case RS_RING:
         if (!l->forked) rs_send_fin(l->conn);
-        rs_conn_free(l->conn);
+        rs_br_conn_free(l->conn, l->forked);
         break;
     case RS_PRE_RX:
         rs_conn_free(l->conn);

@@ -54,22 +54,23 @@ def check_params():
         ep.register_ring(ring.addr, ring.size)
         ep.register_credit(cred.addr, 8)
         raw = ep.local_params()
-        assert len(raw) == rdma_setup.PARAMS_SIZE == 72
+        assert len(raw) == rdma_setup.PARAMS_SIZE == 88
         p = rdma_setup.Endpoint.parse_params(raw)
         assert p.qpn == ep.qp.qp_num and p.psn == ep.psn and p.ring_addr == ring.addr
         assert p.ring_len == 8192 and p.credit_addr == cred.addr and p.credit_len == 8
         assert p.gid == bytes(ep.choice.gid) and p.ring_rkey == ep.region("ring").rkey
-        for bad in (raw[:-1], b"XXXX" + raw[4:], raw[:4] + b"\x02" + raw[5:],
+        for bad in (raw[:-1], b"XXXX" + raw[4:], raw[:4] + b"\x01" + raw[5:],
                     raw[:12] + struct.pack(">I", 1 << 24) + raw[16:]):
             try:
                 rdma_setup.Endpoint.parse_params(bad)
                 raise AssertionError("accepted bad params %r" % bad[:20])
             except rdma_setup.RdmaUnavailable as exc:
                 assert exc.reason == "bad_params"
-        # the ring is registered for remote write only (the QP allows remote write only)
+        # the QP allows remote write and read, no atomics; which memory a peer may read
+        # or write is decided per region (the ring: write only; the counters: read only)
         e = __import__("pyverbs.enums", fromlist=["x"])
         attr = ep.qp.query(e.IBV_QP_ACCESS_FLAGS)[0]
-        assert attr.qp_access_flags == e.IBV_ACCESS_REMOTE_WRITE, attr.qp_access_flags
+        assert attr.qp_access_flags == e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ, attr.qp_access_flags
     finally:
         ep.close()
     log("PASS params")

@@ -1,0 +1,496 @@
+/* rs_rdma.c - the `rdma` transport: records reach the peer's ring by RDMA WRITE.
+ *
+ * pyverbs (rdmasock/transport_rdma.py) owns every verbs object: device context, protection
+ * domain, CQ, RC queue pair, memory regions.  This file only posts work requests and polls
+ * the send CQ, through the inline dispatchers of <infiniband/verbs.h> (ibv_post_send and
+ * ibv_poll_cq call the provider through qp->context->ops), so librdmasock.so needs no
+ * libibverbs at link time and programs that never use RDMA never load it.
+ *
+ * Doorbells (docs/PROTOCOL.md 5.4).  A producer writes a doorbell byte on the TCP socket only
+ * when the consumer's want_seq (mirrored into our memory by the consumer) differs from the
+ * last one it answered.  A consumer going to sleep raises want_seq, pushes it, and READs the
+ * producer's own words; the READ runs at the producer after the push landed, so either the
+ * producer's check saw the new want_seq (and rings), or its tx_seq store came first and the
+ * READ returns it (and the consumer waits for those records instead of sleeping).  Credit
+ * works the same way the other way round (tx_wait_seq, rx_head).  While a consumer spins in
+ * recv it has raised nothing, so a ping-pong makes no system call at all.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "rs_conn.h"
+#include "rs_rdma.h"
+#include "rs_sys.h"
+
+#if defined(__has_include)
+#if __has_include(<infiniband/verbs.h>)
+#include <infiniband/verbs.h>
+#define RS_HAVE_VERBS 1
+#endif
+#endif
+
+void *rs_rdma_alloc(uint32_t ring_size, size_t *len_out)
+{
+    if (ring_size < RS_RING_MIN || ring_size > RS_RING_MAX || (ring_size & (ring_size - 1))) return NULL;
+    size_t len = RS_RDMA_HDR + 2 * (size_t)ring_size;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *len_out = len;
+    return p;
+}
+
+void rs_rdma_unalloc(void *base, size_t len)
+{
+    if (base) munmap(base, len);
+}
+
+#ifndef RS_HAVE_VERBS
+
+int rs_rdma_supported(void) { return 0; }
+rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_t salt, int fd, uint32_t spin_ns,
+                             const struct rs_rdma_params *p)
+{
+    (void)base; (void)len; (void)ring_size; (void)salt; (void)fd; (void)spin_ns; (void)p;
+    errno = ENOTSUP;
+    return NULL;
+}
+void rs_rdma_post_records(rs_conn *c) { (void)c; }
+void rs_rdma_flush_bell(rs_conn *c) { (void)c; }
+void rs_rdma_refresh_credit(rs_conn *c) { (void)c; }
+int  rs_rdma_arm_credit(rs_conn *c) { (void)c; return 1; }
+void rs_rdma_publish_credit(rs_conn *c, int force) { (void)c; (void)force; }
+int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
+void rs_rdma_free(rs_conn *c) { (void)c; }
+int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
+void rs_rdma_stats(rs_conn *c, uint64_t *out4) { (void)c; memset(out4, 0, 4 * sizeof *out4); }
+
+#else
+
+#define BATCH 32
+
+struct rs_rdma {
+    struct ibv_qp *qp;
+    struct ibv_cq *cq;
+    struct rs_rdma_params p;
+    struct rs_rdma_words *own, *mirror, *sync;
+    pthread_mutex_t lock;        /* the QP and CQ are shared by a sending and a receiving thread */
+    uint64_t posted, completed;  /* work requests: posted, and known complete (in SQ order) */
+    uint32_t sig_every, since_sig;
+    uint64_t tx_posted;          /* ring position up to which records are posted */
+    uint64_t want_answered;      /* producer: the consumer's want_seq last answered with a bell */
+    uint64_t credit_answered;    /* consumer: the producer's tx_wait_seq last answered */
+    uint8_t  data_armed;         /* consumer: a sync proved the producer rings for the next record */
+    uint8_t  credit_armed;       /* producer: likewise for credit */
+    uint8_t  failed;
+    uint64_t n_posts, n_inline, n_syncs, n_pushes;
+    struct ibv_send_wr wr[BATCH];
+    struct ibv_sge sge[BATCH];
+    int nwr;
+};
+
+int rs_rdma_supported(void) { return 1; }
+
+static const char *wc_status_text(int s)
+{
+    switch (s) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_LEN_ERR: return "local length error";
+    case IBV_WC_LOC_QP_OP_ERR: return "local QP operation error";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "work request flushed (queue pair in error)";
+    case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+    case IBV_WC_REM_OP_ERR: return "remote operation error";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded (peer unreachable)";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    case IBV_WC_FATAL_ERR: return "fatal error";
+    case IBV_WC_RESP_TIMEOUT_ERR: return "response timeout";
+    default: return "error";
+    }
+}
+
+/* The connection cannot go on: a sticky error for our side, and a failure byte on the TCP
+ * socket so the peer's next wait ends with an error too rather than with a silent EOF. */
+static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
+{
+    struct rs_rdma *r = c->rdma;
+    char msg[RS_ERRMSG_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (r->failed) return;
+    r->failed = 1;
+    __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);
+    rs_conn_set_error(c, err, "%s", msg);
+    uint8_t b = RS_BELL_FAIL;
+    rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Caller holds r->lock. */
+static void poll_cq_locked(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    struct ibv_wc wc[16];
+    int n = ibv_poll_cq(r->cq, 16, wc);
+    if (n < 0) { rdma_fail(c, ECONNABORTED, "rdmasock: RDMA completion queue failed (%d)", n); return; }
+    for (int i = 0; i < n; i++) {
+        uint64_t count = wc[i].wr_id >> 1;
+        if (count > r->completed) r->completed = count;
+        if (wc[i].status != IBV_WC_SUCCESS && !r->failed)
+            rdma_fail(c, ECONNABORTED, "rdmasock: RDMA %s failed: %s (status %d)",
+                      (wc[i].wr_id & 1) ? "READ" : "WRITE", wc_status_text(wc[i].status), wc[i].status);
+    }
+}
+
+/* Caller holds r->lock.  Waits until n more work requests fit in the send queue. */
+static int ensure_room_locked(rs_conn *c, uint32_t n)
+{
+    struct rs_rdma *r = c->rdma;
+    uint64_t deadline = 0;
+    while (r->posted - r->completed + n > r->p.sq_depth) {
+        poll_cq_locked(c);
+        if (r->failed) return -1;
+        uint64_t now = rs_now_ns();
+        if (!deadline) deadline = now + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+        else if (now > deadline) {
+            rdma_fail(c, ETIMEDOUT, "rdmasock: RDMA send queue did not drain within %u ms", r->p.sync_timeout_ms);
+            return -1;
+        }
+        rs_relax();
+    }
+    return 0;
+}
+
+/* Caller holds r->lock.  Queues one work request; `signal` forces a completion. */
+static void add_wr_locked(struct rs_rdma *r, enum ibv_wr_opcode op, uint64_t laddr, uint32_t len, uint32_t lkey,
+                          uint64_t raddr, uint32_t rkey, int signal, int is_sync)
+{
+    struct ibv_send_wr *w = &r->wr[r->nwr];
+    struct ibv_sge *s = &r->sge[r->nwr];
+    s->addr = laddr; s->length = len; s->lkey = lkey;
+    memset(w, 0, sizeof *w);
+    w->sg_list = s;
+    w->num_sge = 1;
+    w->opcode = op;
+    w->wr.rdma.remote_addr = raddr;
+    w->wr.rdma.rkey = rkey;
+    if (op == IBV_WR_RDMA_WRITE && len <= r->p.max_inline) { w->send_flags |= IBV_SEND_INLINE; r->n_inline++; }
+    if (++r->since_sig >= r->sig_every) signal = 1;
+    if (signal) { w->send_flags |= IBV_SEND_SIGNALED; r->since_sig = 0; }
+    r->posted++;
+    w->wr_id = r->posted << 1 | (uint64_t)(is_sync != 0);
+    if (r->nwr) r->wr[r->nwr - 1].next = w;
+    r->nwr++;
+}
+
+/* Caller holds r->lock. */
+static int post_locked(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    if (!r->nwr) return 0;
+    struct ibv_send_wr *bad = NULL;
+    int n = r->nwr;
+    r->nwr = 0;
+    r->n_posts += (uint64_t)n;
+    int rc = ibv_post_send(r->qp, &r->wr[0], &bad);
+    if (rc) {
+        rdma_fail(c, ECONNABORTED, "rdmasock: RDMA post failed: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* Caller holds r->lock.  Our words into the peer's mirror. */
+static void push_own_locked(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    r->n_pushes++;
+    add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)r->own, sizeof *r->own, r->p.lkey_own,
+                  r->p.raddr_mirror, r->p.rkey_mirror, 0, 0);
+}
+
+static void push_own(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    pthread_mutex_lock(&r->lock);
+    if (!r->failed && ensure_room_locked(c, 1) == 0) {
+        push_own_locked(c);
+        post_locked(c);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Push our words, then READ the peer's into r->sync; waits for the READ.  0 or -1 (failed). */
+static int sync_peer(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    pthread_mutex_lock(&r->lock);
+    if (r->failed || ensure_room_locked(c, 2) < 0) { pthread_mutex_unlock(&r->lock); return -1; }
+    push_own_locked(c);
+    add_wr_locked(r, IBV_WR_RDMA_READ, (uint64_t)(uintptr_t)r->sync, sizeof *r->sync, r->p.lkey_sync,
+                  r->p.raddr_words, r->p.rkey_words, 1, 1);
+    uint64_t target = r->posted;
+    r->n_syncs++;
+    int rc = post_locked(c);
+    pthread_mutex_unlock(&r->lock);
+    if (rc < 0) return -1;
+    uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+    for (unsigned i = 0;; i++) {
+        pthread_mutex_lock(&r->lock);
+        poll_cq_locked(c);
+        uint64_t done = r->completed;
+        pthread_mutex_unlock(&r->lock);
+        if (r->failed) return -1;
+        if (done >= target) break;
+        uint64_t now = rs_now_ns();
+        if (now > deadline) {
+            rdma_fail(c, ETIMEDOUT, "rdmasock: RDMA READ of the peer's counters got no answer within %u ms",
+                      r->p.sync_timeout_ms);
+            return -1;
+        }
+        /* Soft-RoCE does its work in kernel threads: give them the CPU after a short spin. */
+        if (now - start > 20000) sched_yield(); else rs_relax();
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&r->sync->failed, __ATOMIC_RELAXED))
+        rdma_fail(c, ECONNRESET, "rdmasock: the peer's RDMA transport failed");
+    return r->failed ? -1 : 0;
+}
+
+/* A credit value from the peer: accepted only if it is a plausible ring position (the
+ * mirror may in principle be read while the peer's NIC writes it). */
+static void take_credit(rs_conn *c, uint64_t head)
+{
+    if (head > c->tx_head_seen && head <= c->tx_pos && !(head & 7)) c->tx_head_seen = head;
+}
+
+rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_t salt, int fd, uint32_t spin_ns,
+                             const struct rs_rdma_params *p)
+{
+    if (!base || len != RS_RDMA_HDR + 2 * (size_t)ring_size || !p->qp || !p->cq || p->sq_depth < 8) {
+        errno = EINVAL;
+        return NULL;
+    }
+    rs_conn *c = calloc(1, sizeof *c);
+    struct rs_rdma *r = calloc(1, sizeof *r);
+    if (!c || !r) { free(c); free(r); errno = ENOMEM; return NULL; }
+    uint8_t *b = base;
+    c->fd = fd;
+    c->ring_size = ring_size;
+    c->mask = ring_size - 1;
+    c->max_payload = rs_max_payload(ring_size);
+    c->salt = salt;
+    c->rx_ring = b + RS_RDMA_HDR;
+    c->tx_ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */
+    c->rx_ctl = (struct rs_dir_ctl *)(b + RS_RDMA_OFF_CTL);
+    c->tx_ctl = c->rx_ctl + 1;                          /* private: nobody else reads them */
+    c->spin_ns = c->spin_cur = spin_ns;
+    c->map_base = base;
+    c->map_len = len;
+    r->qp = p->qp;
+    r->cq = p->cq;
+    r->p = *p;
+    if (!r->p.sync_timeout_ms) r->p.sync_timeout_ms = 5000;
+    r->own = (struct rs_rdma_words *)(b + RS_RDMA_OFF_OWN);
+    r->mirror = (struct rs_rdma_words *)(b + RS_RDMA_OFF_MIRROR);
+    r->sync = (struct rs_rdma_words *)(b + RS_RDMA_OFF_SYNC);
+    r->sig_every = p->sq_depth / 4;
+    pthread_mutex_init(&r->lock, NULL);
+    c->rdma = r;
+    return c;
+}
+
+/* Before the queue pair is destroyed: every posted WRITE (the FIN record last) must have
+ * left, or destroying the QP would flush it and the peer would miss the stream's end. */
+int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
+{
+    struct rs_rdma *r = c->rdma;
+    if (!r) return 0;
+    rs_rdma_post_records(c);
+    pthread_mutex_lock(&r->lock);
+    if (!r->failed && r->posted > r->completed && r->since_sig && ensure_room_locked(c, 1) == 0) {
+        /* the last WRs were unsignaled: a signaled empty WRITE completes after them */
+        add_wr_locked(r, IBV_WR_RDMA_WRITE, 0, 0, 0, r->p.raddr_ring, r->p.rkey_ring, 1, 0);
+        r->wr[r->nwr - 1].num_sge = 0;
+        post_locked(c);
+    }
+    uint64_t target = r->posted, deadline = rs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    while (!r->failed && r->completed < target) {
+        poll_cq_locked(c);
+        if (rs_now_ns() > deadline) break;
+        pthread_mutex_unlock(&r->lock);
+        sched_yield();
+        pthread_mutex_lock(&r->lock);
+    }
+    int rc = r->failed ? -c->err : r->completed < target ? -ETIMEDOUT : 0;
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+void rs_rdma_free(rs_conn *c)
+{
+    if (!c->rdma) return;
+    pthread_mutex_destroy(&c->rdma->lock);
+    free(c->rdma);
+    c->rdma = NULL;
+}
+
+void rs_rdma_stats(rs_conn *c, uint64_t *out4)
+{
+    struct rs_rdma *r = c->rdma;
+    out4[0] = r ? r->n_posts : 0;
+    out4[1] = r ? r->n_inline : 0;
+    out4[2] = r ? r->n_syncs : 0;
+    out4[3] = r ? r->n_pushes : 0;
+}
+
+/* Producer: one RDMA WRITE per record written since the last call (a WRAP record is one
+ * too), posted as one chain; then the counters the peer's READ may look at. */
+void rs_rdma_post_records(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    if (r->tx_posted == c->tx_pos) return;
+    pthread_mutex_lock(&r->lock);
+    while (!r->failed && r->tx_posted < c->tx_pos) {
+        uint32_t off = (uint32_t)(r->tx_posted & c->mask);
+        uint32_t lw = *(uint32_t *)(c->tx_ring + off), rec = rs_rec_size(lw);
+        if (r->nwr == BATCH) post_locked(c);
+        if (ensure_room_locked(c, (uint32_t)r->nwr + 1) < 0) break;
+        add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)(c->tx_ring + off), rec, r->p.lkey_shadow,
+                      r->p.raddr_ring + off, r->p.rkey_ring, 0, 0);
+        r->tx_posted += lw == RS_LEN_WRAP ? c->ring_size - off : rec;
+    }
+    if (!r->failed) post_locked(c);
+    else r->nwr = 0;
+    pthread_mutex_unlock(&r->lock);
+    __atomic_store_n(&r->own->tx_bytes, c->tx_bytes, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->own->tx_seq, c->tx_seq, __ATOMIC_RELEASE);
+}
+
+/* Producer, after posting: ring if the consumer went idle since our last bell. */
+void rs_rdma_flush_bell(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    rs_rdma_post_records(c);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* tx_seq store before the want_seq load */
+    uint64_t w = __atomic_load_n(&r->mirror->want_seq, __ATOMIC_ACQUIRE);
+    if (w == r->want_answered || r->failed) return;
+    uint8_t b = RS_BELL_DATA;
+    long n = rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == 1) {
+        r->want_answered = w;
+        __atomic_fetch_add(&r->own->bells_sent, 1, __ATOMIC_RELAXED);
+        c->stat_bells_sent++;
+    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
+        c->tcp_eof = 1;
+    }   /* EAGAIN: the next record tries again */
+}
+
+void rs_rdma_refresh_credit(rs_conn *c)
+{
+    take_credit(c, __atomic_load_n(&c->rdma->mirror->rx_head, __ATOMIC_ACQUIRE));
+}
+
+/* Producer with a full ring: make sure the consumer sends a credit bell when it frees room.
+ * Returns 1 if there is room after all. */
+int rs_rdma_arm_credit(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    rs_rdma_refresh_credit(c);
+    if (r->credit_armed || r->failed) return 0;
+    __atomic_fetch_add(&r->own->tx_wait_seq, 1, __ATOMIC_SEQ_CST);
+    if (sync_peer(c) < 0) return 1;                   /* the write reports the error */
+    take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
+    r->credit_armed = 1;
+    return 0;
+}
+
+/* Consumer: hand consumed ring bytes back (every quarter ring, when the producer waits for
+ * them, or with force whenever anything is unpublished), and answer a waiting producer. */
+void rs_rdma_publish_credit(rs_conn *c, int force)
+{
+    struct rs_rdma *r = c->rdma;
+    uint64_t lag = c->rx_pos - c->rx_head_pub;
+    uint64_t tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
+    int waiting = tw != r->credit_answered;
+    if (!lag && !waiting) return;
+    if (!force && !waiting && lag < c->ring_size / 4) return;
+    if (lag) {
+        __atomic_store_n(&r->own->rx_head, c->rx_pos, __ATOMIC_RELEASE);
+        c->rx_head_pub = c->rx_pos;
+        push_own(c);
+    }
+    if (!waiting || r->failed) return;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* rx_head store before the tx_wait_seq load */
+    tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
+    uint8_t b = RS_BELL_CREDIT;
+    long n = rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == 1) {
+        r->credit_answered = tw;
+        __atomic_fetch_add(&r->own->bells_sent, 1, __ATOMIC_RELAXED);
+        c->stat_bells_sent++;
+    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
+        c->tcp_eof = 1;
+    }
+}
+
+/* Reads every doorbell byte that is there (in this transport the TCP stream carries
+ * nothing else after the handshake); a drained bell disarms what it answered. */
+static void drain_all(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    uint8_t buf[256];
+    for (int i = 0; i < 64 && !c->tcp_eof; i++) {
+        long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
+        if (n < 0) break;
+        for (long k = 0; k < n; k++) {
+            if (buf[k] == RS_BELL_DATA) r->data_armed = 0;
+            else if (buf[k] == RS_BELL_CREDIT) r->credit_armed = 0;
+            else if (buf[k] == RS_BELL_FAIL) {
+                r->failed = 1;
+                rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer's RDMA transport failed");
+            } else {
+                rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[k]);
+            }
+        }
+        c->bells_drained += (uint64_t)n;
+        if ((size_t)n < sizeof buf) break;
+    }
+}
+
+/* Consumer found its ring empty: 1 if a record is there after all, 0 if idle (armed). */
+int rs_rdma_go_idle(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    drain_all(c);
+    if (rs_rx_ready(c)) return 1;
+    if (c->err || c->tcp_eof || r->data_armed) return 0;
+    rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
+    __atomic_fetch_add(&r->own->want_seq, 1, __ATOMIC_SEQ_CST);
+    if (sync_peer(c) < 0) return 0;
+    take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
+    uint64_t posted = __atomic_load_n(&r->sync->tx_seq, __ATOMIC_ACQUIRE);
+    if (posted <= c->rx_seq) { r->data_armed = 1; return 0; }
+    /* Records are posted but still on the wire: they land within a round trip. */
+    uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+    while (!rs_rx_ready(c)) {
+        uint64_t now = rs_now_ns();
+        if (now > deadline) {
+            rdma_fail(c, ETIMEDOUT, "rdmasock: records the peer posted did not arrive within %u ms",
+                      r->p.sync_timeout_ms);
+            return 0;
+        }
+        if (now - start > 20000) sched_yield(); else rs_relax();
+    }
+    return 1;
+}
+
+#endif
