@@ -1,66 +1,30 @@
 """pgbench demo: PostgreSQL 15 over plain TCP vs under rdmasock (LD_PRELOAD), same run, pinned.
 
-    .venv/bin/python bench/pgbench_demo.py [--reps 3] [--duration 10] [--placements same,cross]
-                                           [--tcp-only] [--quick]
+    .venv/bin/python bench/pgbench_demo.py [--reps 3] [--duration 10] [--clients 1]
+                                           [--placements same,cross] [--tcp-only] [--quick]
 
-Two fresh clusters (bench/servers.py; fsync=off, synchronous_commit=off) on 127.0.0.1:
-one plain, one started under `rdmasock run`.  Both are initialised with `pgbench -i -s 1`;
-then TPC-B `pgbench -c 1 -T <duration>` runs against each, plain pgbench against the plain
-server and preloaded pgbench against the preloaded one, interleaved repetition by
-repetition so both see the same machine state.  The server (postmaster and its backends)
-is pinned to CPU 0 with taskset; pgbench runs on CPU 0 ("same") or CPU 1 ("cross").
-Reported: the median tps of the repetitions for each (impl, placement), and the speed-up.
-For every rdmasock run the RDMASOCK_LOG_FILE lines are checked: a run whose connections
-were not all transport=shm is marked as fallback, and no speed-up is claimed from it.
+The `pgbench` sub-benchmark of bench/suite.py (`rdmasock bench pgbench`), scale 1 and one
+client count, with the demo's own report: two fresh clusters (fsync=off,
+synchronous_commit=off) on 127.0.0.1, one plain, one started under `rdmasock run`; TPC-B
+`pgbench -c <clients> -T <duration>` runs plain against the plain server and preloaded against
+the preloaded one, after an unrecorded warm-up, interleaved repetition by repetition so both
+see the same machine state.  The server is pinned to CPU 0 with taskset; pgbench runs on
+CPU 0 ("same") or CPU 1 ("cross").  Reported: the median tps of the repetitions for each
+(impl, placement), and the speed-up, on the last line.  Every rdmasock run is checked in
+RDMASOCK_LOG_FILE: a run whose connections were not all transport=shm is marked as fallback,
+and no speed-up is claimed from it.
 JSON goes to bench/results/pgbench-<time>.json and bench/results/pgbench-latest.json (or --out)."""
 import argparse
 import json
 import os
 import platform
-import re
-import shutil
-import statistics
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import servers as S  # noqa: E402
-
-RESULTS = os.path.join(HERE, "results")
-PGBENCH = "/usr/bin/pgbench"
-SERVER_CPU = 0
-
-
-def placements(wanted):
-    p = {"same": (SERVER_CPU, SERVER_CPU)}
-    if (os.cpu_count() or 1) > 1:
-        p["cross"] = (SERVER_CPU, 1)
-    return {k: v for k, v in p.items() if k in wanted}
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def pgbench(srv, args, preload, cpu, log_file, timeout):
-    argv = S.pin(cpu) + S.preload_cmd([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres"]
-                                      + args + ["bench"], preload)
-    return S.run(argv, timeout=timeout, env=S.client_env(log_file))
-
-
-def transport_of(log_file, mark, port):
-    """'shm' if every client line about port since mark is shm, else 'fallback: <reasons>'."""
-    recs = [r for r in S.parse_log(log_file, mark)
-            if r["role"] == "client" and S.addr_port(r["peer"]) == port]
-    if not recs:
-        return "unverified: no client lines in RDMASOCK_LOG_FILE"
-    bad = [r for r in recs if r["transport"] != "shm"]
-    if bad:
-        return "fallback: " + ",".join(sorted({"%s/%s" % (r["transport"], r["reason"]) for r in bad}))
-    return "shm"
+import suite  # noqa: E402
 
 
 def main(argv=None):
@@ -72,84 +36,62 @@ def main(argv=None):
     ap.add_argument("--tcp-only", action="store_true", help="only the plain TCP side (checks the harness)")
     ap.add_argument("--quick", action="store_true", help="1 repetition of 3 s (smoke run)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/pgbench-<time>.json)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.reps, args.duration = 1, 3
-    impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
-    if "rdmasock" in impls:
-        ok, msg = S.preload_status()
-        if not ok:
-            sys.exit("pgbench_demo: the preload library is not usable (use --tcp-only to run the TCP side): "
-                     + msg)
-    places = placements(args.placements.split(","))
-    work = tempfile.mkdtemp(prefix="rs-pgbench-")
-    log_file = S.make_log_file(os.path.join(work, "log"), "rdmasock.log")
-    servers = {}
-    cells = {(impl, pl): [] for impl in impls for pl in places}
-    transports = {(impl, pl): [] for impl in impls for pl in places}
-    try:
-        for impl in impls:
-            log("starting PostgreSQL (%s) on CPU %d" % (impl, SERVER_CPU))
-            srv = S.PgServer(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file)
-            servers[impl] = srv.start()
-            S.run(S.psql_argv(srv.port) + ["-c", "CREATE DATABASE bench"], timeout=60, env=S.client_env())
-            pgbench(srv, ["-i", "-s", "1", "-q"], impl == "rdmasock", SERVER_CPU, log_file, 300)
-        for rep in range(args.reps):
-            for pl, (_, client_cpu) in places.items():
-                for impl in impls:
-                    srv = servers[impl]
-                    mark = S.log_size(log_file)
-                    res = pgbench(srv, ["-c", str(args.clients), "-j", "1", "-T", str(args.duration)],
-                                  impl == "rdmasock", client_cpu, log_file, args.duration + 120)
-                    out = res.stdout.decode(errors="replace")
-                    m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
-                    if not m or not re.search(r"number of failed transactions: 0 ", out):
-                        raise S.ServerError("pgbench output unexpected:\n" + out[-2000:] + res.stderr.decode()[-1000:])
-                    tps = float(m.group(1))
-                    tr = "tcp" if impl == "tcp" else transport_of(log_file, mark, srv.port)
-                    cells[(impl, pl)].append(tps)
-                    transports[(impl, pl)].append(tr)
-                    log("rep %d %-5s %-8s %9.1f tps  (%s)" % (rep + 1, pl, impl, tps, tr))
-    finally:
-        for srv in servers.values():
-            srv.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.reps, a.duration = 1, 3
+    args = suite.parse_args(["pgbench", "--pg-scales", "1", "--pg-clients", str(a.clients), "--reps", str(a.reps),
+                             "--duration", str(a.duration), "--placements", a.placements]
+                            + (["--tcp-only"] if a.tcp_only else []) + (["--quick"] if a.quick else []),
+                            prog="pgbench_demo")
+    with suite.bench_context(args) as ctx:
+        res = suite.bench_pgbench(args, ctx)
+    rows = res["rows"]
+    failed = [r for r in rows if r["errors"]]
+    for r in failed:
+        print("%s [%s] failed: %s" % (r["name"], r["placement"], r["errors"][-1]), file=sys.stderr)
 
-    result = {"benchmark": "pgbench TPC-B scale 1", "clients": args.clients, "duration_s": args.duration,
-              "reps": args.reps, "server_cpu": SERVER_CPU, "synchronous_commit": "off", "fsync": "off",
+    result = {"benchmark": "pgbench TPC-B scale 1", "clients": a.clients, "duration_s": a.duration,
+              "reps": a.reps, "server_cpu": suite.SERVER_CPU, "synchronous_commit": "off", "fsync": "off",
               "host": platform.node(), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "cells": [], "speedup": {}}
-    print("\npgbench TPC-B scale 1, -c %d -T %d, synchronous_commit=off, median of %d (server on CPU %d)"
-          % (args.clients, args.duration, args.reps, SERVER_CPU))
-    print("%-6s %-9s %10s   %s" % ("place", "impl", "tps", "runs / transport"))
     med = {}
-    for (impl, pl), runs in cells.items():
-        med[(impl, pl)] = statistics.median(runs)
-        trs = transports[(impl, pl)]
-        result["cells"].append({"impl": impl, "placement": pl, "cpus": list(places[pl]), "tps_runs": runs,
-                                "tps_median": med[(impl, pl)], "transport": trs})
-        print("%-6s %-9s %10.1f   %s  %s" % (pl, impl, med[(impl, pl)], " ".join("%.0f" % r for r in runs),
-                                              ",".join(sorted(set(trs)))))
-    if "rdmasock" in impls:
+    order = ["tcp", "rdmasock"], list(suite.placements(a.placements.split(",")))
+    for r in sorted(rows, key=lambda r: (order[0].index(r["kind"]), order[1].index(r["placement"]))):
+        med[(r["kind"], r["placement"])] = r["median"]
+        result["cells"].append({"impl": r["kind"], "placement": r["placement"], "cpus": r["cpus"],
+                                "tps_runs": r["runs"], "tps_median": r["median"], "transport": r["transport"]})
+    places = order[1]
+    lines = []
+    if not a.tcp_only and not failed:
         for pl in places:
-            verified = all(t == "shm" for t in transports[("rdmasock", pl)])
+            verified = all(t == "shm" for t in next(c["transport"] for c in result["cells"]
+                                                    if c["impl"] == "rdmasock" and c["placement"] == pl))
             sp = med[("rdmasock", pl)] / med[("tcp", pl)]
             result["speedup"][pl] = {"ratio": round(sp, 3), "verified_shm": verified}
-            print("speed-up %-5s rdmasock/tcp = %.2fx%s" % (pl, sp, "" if verified else
-                                                            "  (NOT upgraded: see transport column)"))
+            lines.append("speed-up %-5s rdmasock/tcp = %.2fx%s" % (pl, sp, "" if verified else
+                                                                  "  (NOT upgraded: see transport column)"))
         best_r = max(med[("rdmasock", pl)] for pl in places)
         best_t = max(med[("tcp", pl)] for pl in places)
         result["speedup"]["best_vs_best"] = round(best_r / best_t, 3)
-        print("speed-up best placement vs best placement = %.2fx" % (best_r / best_t))
-    os.makedirs(RESULTS, exist_ok=True)
-    out = args.out or os.path.join(RESULTS, "pgbench-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    if args.out is None:
-        with open(os.path.join(RESULTS, "pgbench-latest.json"), "w") as f:
+        lines.append("speed-up best placement vs best placement = %.2fx" % (best_r / best_t))
+
+    out = a.out or os.path.join(suite.RESULTS, "pgbench-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    for path in [out] + ([] if a.out else [os.path.join(suite.RESULTS, "pgbench-latest.json")]):
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
+
+    print("\npgbench TPC-B scale 1, -c %d -T %d, synchronous_commit=off, median of %d (server on CPU %d)"
+          % (a.clients, a.duration, a.reps, suite.SERVER_CPU))
+    print("%-6s %-9s %10s   %s" % ("place", "impl", "tps", "runs / transport"))
+    for c in result["cells"]:
+        print("%-6s %-9s %10s   %s  %s" % (c["placement"], c["impl"], "%.1f" % c["tps_median"] if c["tps_median"]
+                                           else "failed", " ".join("%.0f" % v for v in c["tps_runs"]),
+                                           ",".join(sorted(set(c["transport"])))))
     print("JSON: %s" % out)
-    return 0
+    for line in lines:                   # the speed-up comes last
+        print(line)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

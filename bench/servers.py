@@ -311,6 +311,7 @@ class _Server:
     """Common start/stop for one server process started with Popen (new session)."""
 
     name = "server"
+    python = False           # a Python server program: run it with PYTHONUNBUFFERED=1
 
     def __init__(self, preload=False, cpu=None, log_file=None, env=None, workdir=None):
         self.preload = preload
@@ -324,6 +325,8 @@ class _Server:
         extra = dict(env or {})
         if log_file:
             extra["RDMASOCK_LOG_FILE"] = log_file
+        if self.python:
+            extra["PYTHONUNBUFFERED"] = "1"
         self.env = base_env(extra)
         self.out_path = os.path.join(self.workdir, "%s.out" % self.name)
 
@@ -333,6 +336,24 @@ class _Server:
         self._out = open(self.out_path, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
                                      env=self.env, start_new_session=True)
+
+    def _start_on_free_port(self, argv_for, ready, timeout):
+        """Starts pin(cpu) + argv_for(port) on a free port and waits until ready(); when the port
+        was taken in the meantime ("in use" in the output), tries again on another (3 tries)."""
+        for attempt in range(3):
+            self.port = free_port()
+            self._popen(pin(self.cpu) + argv_for(self.port))
+            try:
+                self._wait_ready(ready, timeout)
+                return self
+            except ServerError:
+                if attempt < 2 and "in use" in read_tail(self.out_path):
+                    kill_tree(self.proc)
+                    self._out.close()
+                    continue
+                self.stop()
+                raise
+        return self
 
     def _wait_ready(self, pred, timeout=30):
         end = time.monotonic() + timeout
@@ -412,24 +433,14 @@ class PgServer(_Server):
         env.pop("RDMASOCK_LOG_FILE", None)
         run(as_user(PG_USER) + [os.path.join(PG_BIN, "initdb"), "-D", self.data, "-U", "postgres",
                                 "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "-N"], timeout=120, env=env)
-        for attempt in range(3):
-            self.port = free_port()
-            argv = [os.path.join(PG_BIN, "postgres"), "-D", self.data, "-p", str(self.port),
-                    "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + self.sock]
+
+        def argv(port):
+            cmd = [os.path.join(PG_BIN, "postgres"), "-D", self.data, "-p", str(port),
+                   "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + self.sock]
             for k, v in self.settings.items():
-                argv += ["-c", "%s=%s" % (k, v)]
-            self._popen(pin(self.cpu) + as_user(PG_USER) + preload_cmd(argv, self.preload))
-            try:
-                self._wait_ready(self._ready, timeout)
-                return self
-            except ServerError:
-                if attempt < 2 and "already in use" in read_tail(self.out_path):
-                    kill_tree(self.proc)
-                    self._out.close()
-                    continue
-                self.stop()
-                raise
-        return self
+                cmd += ["-c", "%s=%s" % (k, v)]
+            return as_user(PG_USER) + preload_cmd(cmd, self.preload)
+        return self._start_on_free_port(argv, self._ready, timeout)
 
     def _pidfile(self):
         try:
@@ -485,24 +496,12 @@ class RedisServer(_Server):
     name = "redis"
 
     def start(self, timeout=30):
-        for attempt in range(3):
-            self.port = free_port()
-            self.pidfile = os.path.join(self.workdir, "redis.pid")
-            argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--dir", self.workdir, "--pidfile", self.pidfile,
-                    "--daemonize", "no", "--protected-mode", "no", "--logfile", ""]
-            self._popen(pin(self.cpu) + preload_cmd(argv, self.preload))
-            try:
-                self._wait_ready(lambda: "Ready to accept connections" in read_tail(self.out_path, 20000), timeout)
-                return self
-            except ServerError:
-                if attempt < 2 and "in use" in read_tail(self.out_path):
-                    kill_tree(self.proc)
-                    self._out.close()
-                    continue
-                self.stop()
-                raise
-        return self
+        self.pidfile = os.path.join(self.workdir, "redis.pid")
+        return self._start_on_free_port(
+            lambda port: preload_cmd([REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.workdir, "--pidfile", self.pidfile,
+                                      "--daemonize", "no", "--protected-mode", "no", "--logfile", ""], self.preload),
+            lambda: "Ready to accept connections" in read_tail(self.out_path, 20000), timeout)
 
     def main_pid(self):
         try:
@@ -517,58 +516,43 @@ class RedisServer(_Server):
                    env=client_env(log_file or self.log_file), **kw)
 
 
-class HttpServer(_Server):
-    """/usr/bin/python3 -m http.server on directory, 127.0.0.1:<free port>."""
-
-    name = "http"
-
-    def __init__(self, directory, **kw):
-        super().__init__(**kw)
-        self.directory = directory
-        self.env["PYTHONUNBUFFERED"] = "1"
-
-    def start(self, timeout=30):
-        for attempt in range(3):
-            self.port = free_port()
-            argv = [SYS_PY, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory", self.directory,
-                    str(self.port)]
-            self._popen(pin(self.cpu) + preload_cmd(argv, self.preload))
-            try:
-                self._wait_ready(lambda: "Serving HTTP" in read_tail(self.out_path), timeout)
-                return self
-            except ServerError:
-                if attempt < 2 and "in use" in read_tail(self.out_path):
-                    kill_tree(self.proc)
-                    self._out.close()
-                    continue
-                self.stop()
-                raise
-        return self
-
-    def url(self, name):
-        return "http://127.0.0.1:%d/%s" % (self.port, name)
-
-
 class ProgramServer(_Server):
-    """Any server program that prints 'port N' on its first line after binding port 0."""
+    """Any server program that prints 'port N' on a line of its own after binding port 0."""
 
     name = "program"
+    python = True
+    port_re = r"^port (\d+)$"
 
     def __init__(self, argv, **kw):
         super().__init__(**kw)
         self.argv = argv
-        self.env["PYTHONUNBUFFERED"] = "1"
 
     def start(self, timeout=30):
         self._popen(pin(self.cpu) + preload_cmd(self.argv, self.preload))
 
         def ready():
-            m = re.search(r"^port (\d+)$", read_tail(self.out_path), re.M)
+            m = re.search(self.port_re, read_tail(self.out_path), re.M)
             if m:
                 self.port = int(m.group(1))
             return m
         self._wait_ready(ready, timeout)
         return self
+
+
+class HttpServer(ProgramServer):
+    """/usr/bin/python3 -m http.server on directory, 127.0.0.1, port 0 (the port is read from
+    its 'Serving HTTP on 127.0.0.1 port N' line)."""
+
+    name = "http"
+    port_re = r"Serving HTTP on \S+ port (\d+)"
+
+    def __init__(self, directory, **kw):
+        super().__init__([SYS_PY, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory", directory, "0"],
+                         **kw)
+        self.directory = directory
+
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.port, name)
 
 
 def memory_kib(pids):

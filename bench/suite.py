@@ -1,6 +1,6 @@
 """rdmasock benchmark suite (issue 5): sub-benchmarks that measure their baseline in the same run.
 
-    .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|replay|all ...] [--reps 5] [--quick]
+    .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|replay|scale|all ...] [--reps 5] [--quick]
                                     [--duration S] [--placements same,cross] [--no-plots]
     rdmasock bench [same arguments]            (`rdmasock bench core` runs the older bench/core.py)
 
@@ -10,12 +10,14 @@ Sub-benchmarks
             the Python API (bench/worker.py: socket vs rdmasock.socket), and bench/c/shmspin.c,
             a raw shared-memory spin ping-pong (two processes, one page, cross-CPU) as the
             physical limit of the machine.  Ratios vs TCP at its best placement and vs the limit.
+            The rdma row is a placeholder: rdma is measured in the Soft-RoCE VM (bench/rdma_vm.py).
   stream    throughput of writes of 64 B .. 1 MiB: sockbench over TCP vs under rdmasock, and
             memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit.
   redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
-            server and client both preloaded (bench/programs.py, bench/servers.py).
+            server and client both preloaded (servers: bench/servers.py).
   pgbench   TPC-B, scale 1 (--pg-scales 1,10 for more), 1 and 4 clients, synchronous_commit=off,
-            fsync=off, plain vs server and client both preloaded.
+            fsync=off, plain vs server and client both preloaded (bench/pgbench_demo.py, which
+            scripts/demo.sh runs, is this sub-benchmark with its own report).
   replay    the seed's method: pgbench's SQL (TPC-B, scale 1, 1 client, --replay-tx transactions)
             is captured with log_statement=all from the server log into a script, which
             `psql -f` replays, one new connection per run (process start and connection set-up
@@ -293,25 +295,19 @@ def bench_pingpong(args, ctx):
     at = next((i for i, r in enumerate(rows) if r["kind"] == "limit"), len(rows))
     rows.insert(at, placeholder_row("pingpong", "rdmasock rdma (Soft-RoCE, inline on / off)", "rt/s"))
 
-    # ratios and targets
-    def best(kind):
-        c = [r for r in rows if r.get("kind") == kind and r["median"] and r["status"] in ("ok",)]
-        return max(c, key=lambda r: r["median"]) if c else None
-    tcp, lim, pre = best("tcp"), best("limit"), best("preload")
-    for r in rows:
-        if r["median"] and tcp:
-            r["vs_tcp_best"] = round(r["median"] / tcp["median"], 2)
-        if r["median"] and lim:
-            r["vs_limit"] = round(r["median"] / lim["median"], 3)
+    set_ratios(rows, "tcp")
+    set_ratios(rows, "limit", "vs_limit", digits=3)
+    tcp, lim, pre = best(rows, "tcp"), best(rows, "limit"), best(rows, "preload")
     summary, targets = [], []
     if tcp:
-        summary.append("TCP best placement: %s (%.0f rt/s)" % (tcp["placement"], tcp["median"]))
+        summary.append("TCP best placement: %s (%.0f rt/s)" % (
+            next(r["placement"] for r in rows if r["kind"] == "tcp" and r["median"] == tcp), tcp))
     if pre and tcp and lim:
-        targets += [target("C ping-pong via LD_PRELOAD >= 1,000,000 rt/s", pre["median"],
+        targets += [target("C ping-pong via LD_PRELOAD >= 1,000,000 rt/s", pre,
                            TARGETS["pingpong_c_preload_rt_s"], "%.0f rt/s"),
-                    target("C ping-pong via LD_PRELOAD >= 20x TCP best", pre["median"] / tcp["median"],
+                    target("C ping-pong via LD_PRELOAD >= 20x TCP best", pre / tcp,
                            TARGETS["pingpong_c_preload_vs_tcp"], "%.2fx"),
-                    target("C ping-pong via LD_PRELOAD >= 0.5 of raw spin limit", pre["median"] / lim["median"],
+                    target("C ping-pong via LD_PRELOAD >= 0.5 of raw spin limit", pre / lim,
                            TARGETS["pingpong_c_preload_vs_limit"], "%.2f")]
     elif not args.tcp_only:
         summary.append("no verified LD_PRELOAD row: targets not evaluated")
@@ -333,7 +329,55 @@ def target(what, value, need, fmt):
             "text": "%s: %s -> %s" % (what, fmt % value, "MET" if value >= need else "missed")}
 
 
+def _matches(r, match):
+    return all(r.get(k) == v for k, v in match.items())
+
+
+def best(rows, kind, **match):
+    """The highest median among the ok rows of kind whose fields equal match, or None."""
+    c = [r["median"] for r in rows if r.get("kind") == kind and r["median"] and r["status"] == "ok"
+         and _matches(r, match)]
+    return max(c) if c else None
+
+
+def set_ratios(rows, kind, field="vs_tcp_best", keys=(), digits=2):
+    """row[field] = row median / the best ok median of kind among the rows with the same keys."""
+    for r in rows:
+        b = best(rows, kind, **{k: r.get(k) for k in keys})
+        if b and r["median"]:
+            r[field] = round(r["median"] / b, digits)
+
+
+def ratio_target(rows, what, need, kind="rdmasock", **match):
+    """[target] for best(kind) / best(tcp) among rows matching match, or [] if either is missing."""
+    pre, tcp = best(rows, kind, **match), best(rows, "tcp", **match)
+    return [target(what, pre / tcp, need, "%.2fx")] if pre and tcp else []
+
+
+class RowGroup:
+    """Several rows filled by one run (redis-benchmark measures all its tests at once): the run
+    returns ({row key: value}, transport); a failure fails every row."""
+
+    def __init__(self, name, placement, rows):
+        self.d = {"name": name, "placement": placement}
+        self.rows = rows
+
+    def add(self, values, transport):
+        for k, row in self.rows.items():
+            row.add(values[k], transport)
+
+    def fail(self, err):
+        for row in self.rows.values():
+            row.fail(err)
+
+    def finish(self):
+        return [row.finish() for row in self.rows.values()]
+
+
 def run_variants(bench, variants, reps, fmt):
+    """Runs every (row, fn) variant reps times, interleaved (rep 1 of all, then rep 2, ...);
+    fn() returns (value, transport).  A failed run is recorded in its row and the rest go on.
+    Returns the finished row dicts."""
     prog = Progress(bench, len(variants) * reps)
     for rep in range(reps):
         for row, fn in variants:
@@ -345,7 +389,11 @@ def run_variants(bench, variants, reps, fmt):
             except Exception as e:               # noqa: BLE001 - a failed run is recorded, the suite goes on
                 row.fail(e)
                 prog.step("%s: FAILED %s" % (what, str(e).strip().splitlines()[-1][:200] if str(e).strip() else e))
-    return [row.finish() for row, _ in variants]
+    out = []
+    for row, _ in variants:
+        d = row.finish()
+        out += d if isinstance(d, list) else [d]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,23 +422,11 @@ def bench_stream(args, ctx):
         variants.append((Row("stream", "memcpy into 4 MiB ring (limit)", "one CPU", [SERVER_CPU], "MB/s",
                              size=size, kind="limit"), fn))
     rows = run_variants("stream", variants, args.reps, lambda v: "%.0f MB/s" % v)
-    summary, targets = [], []
-    for size in sizes:
-        same = [r for r in rows if r["size"] == size]
-        tcp = [r for r in same if r["kind"] == "tcp" and r["median"] and r["status"] == "ok"]
-        lim = [r for r in same if r["kind"] == "limit" and r["median"]]
-        tb = max(tcp, key=lambda r: r["median"]) if tcp else None
-        for r in same:
-            if r["median"] and tb:
-                r["vs_tcp_best"] = round(r["median"] / tb["median"], 2)
-            if r["median"] and lim:
-                r["vs_limit"] = round(r["median"] / lim[0]["median"], 3)
-        pre = [r for r in same if r["kind"] == "preload" and r["median"] and r["status"] == "ok"]
-        if size == 64 << 10 and tb and pre:
-            pb = max(pre, key=lambda r: r["median"])
-            targets.append(target("64 KiB stream >= 3x TCP best", pb["median"] / tb["median"],
-                                  TARGETS["stream_64k_vs_tcp"], "%.2fx"))
-    summary.append(RDMA_PLACEHOLDER)
+    set_ratios(rows, "tcp", keys=("size",))
+    set_ratios(rows, "limit", "vs_limit", keys=("size",), digits=3)
+    targets = ratio_target(rows, "64 KiB stream >= 3x TCP best", TARGETS["stream_64k_vs_tcp"], kind="preload",
+                           size=64 << 10)
+    summary = [RDMA_PLACEHOLDER]
     return {"rows": rows, "summary": summary, "targets": targets,
             "columns": ["size", "name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
             "title": "stream: one connection, writes of SIZE bytes, MB/s (%.1f s per repetition)" % secs}
@@ -428,67 +464,38 @@ def redis_run(srv, tests, conns, n, impl, cpu, log_file, wait=None):
 
 
 def bench_redis(args, ctx):
-    tests = ["ping_inline", "get", "set"]
+    tests = [t.strip().lower() for t in args.redis_tests.split(",") if t.strip()]
     conns_list = [int(c) for c in args.redis_conns.split(",")]
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
-    rows = {}
     variants = []
     with server_pair(S.RedisServer, impls, log_file) as servers:
         for conns in conns_list:
             for pl, cpus in places.items():
                 for impl in impls:
-                    for t in tests:
-                        rows[(t, conns, pl, impl)] = Row("redis", t.upper(), pl, cpus, "req/s",
-                                                         baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
-                                                         conns=conns, impl=impl, kind=impl)
+                    group = RowGroup("redis -c %d %s" % (conns, impl), pl, {t.upper(): Row(
+                        "redis", t.upper(), pl, cpus, "req/s", baseline=(impl == "tcp"), rdmasock=(impl == "rdmasock"),
+                        conns=conns, impl=impl, kind=impl) for t in tests})
 
-                    def fn(conns=conns, cpus=cpus, impl=impl, pl=pl):
-                        rates, tr = redis_run(servers[impl], tests, conns, redis_requests(conns, args.quick), impl,
-                                              cpus[1], log_file)
-                        for t in tests:
-                            rows[(t, conns, pl, impl)].add(rates[t.upper()], tr)
-                        return rates["GET"], tr
-                    variants.append((_Sink("redis -c %d %s" % (conns, impl), pl, rows, (conns, pl, impl)), fn))
+                    def fn(conns=conns, cpus=cpus, impl=impl):
+                        return redis_run(servers[impl], tests, conns, redis_requests(conns, args.quick), impl,
+                                         cpus[1], log_file)
+                    variants.append((group, fn))
         for impl in impls:                       # warm-up (not recorded): connections, caches, CPU clocks
             for conns in conns_list:
                 redis_run(servers[impl], tests, conns, 2000 if conns == 1 else 10000, impl,
                           list(places.values())[-1][1], log_file)
         log("redis warm-up done")
-        prog = Progress("redis", len(variants) * args.reps)
-        for rep in range(args.reps):
-            for sink, fn in variants:
-                try:
-                    v, tr = fn()
-                    prog.step("rep %d %s [%s]: GET %.0f req/s (%s)" % (rep + 1, sink.name, sink.pl, v, tr))
-                except Exception as e:           # noqa: BLE001
-                    for k, r in rows.items():
-                        if k[1:] == sink.key:
-                            r.fail(e)
-                    prog.step("rep %d %s [%s]: FAILED %s" % (rep + 1, sink.name, sink.pl, str(e)[-200:]))
-    out = [r.finish() for r in rows.values()]
-    targets = []
-    for r in out:
-        base = [b for b in out if b["kind"] == "tcp" and b["name"] == r["name"] and b["conns"] == r["conns"]
-                and b["median"] and b["status"] == "ok"]
-        if base and r["median"]:
-            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in base), 2)
-    pre = [r for r in out if r["kind"] == "rdmasock" and r["name"] == "GET" and r["conns"] == 1
-           and r["status"] == "ok" and r["median"]]
-    base = [r for r in out if r["kind"] == "tcp" and r["name"] == "GET" and r["conns"] == 1 and r["median"]]
-    if pre and base:
-        targets.append(target("redis-benchmark GET -c 1 >= 2x TCP best", max(r["median"] for r in pre)
-                              / max(r["median"] for r in base), TARGETS["redis_get_c1_vs_tcp"], "%.2fx"))
-    return {"rows": out, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining" % (
+        rows = run_variants("redis", variants, args.reps,
+                            lambda v: "  ".join("%s %.0f" % kv for kv in sorted(v.items())) + " req/s")
+    set_ratios(rows, "tcp", keys=("name", "conns"))
+    targets = ratio_target(rows, "redis-benchmark GET -c 1 >= 2x TCP best", TARGETS["redis_get_c1_vs_tcp"],
+                           name="GET", conns=1)
+    return {"rows": rows, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining" % (
                 SERVER_CPU, ",".join(str(redis_requests(c, args.quick)) for c in conns_list))],
             "targets": targets,
             "columns": ["name", "conns", "placement", "impl", "median", "min", "max", "vs_tcp_best", "status"],
             "title": "redis-benchmark, requests/s"}
-
-
-class _Sink:
-    def __init__(self, name, pl, rows, key):
-        self.name, self.pl, self.rows, self.key = name, pl, rows, key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,20 +570,11 @@ def bench_pgbench(args, ctx):
                         impl, list(places.values())[-1][1], log_file)
         log("pgbench warm-up done")
         rows = run_variants("pgbench", variants, args.reps, lambda v: "%.1f tps" % v)
+    set_ratios(rows, "tcp", keys=("scale", "clients"))
     targets = []
-    for r in rows:
-        base = [b for b in rows if b["kind"] == "tcp" and b["scale"] == r["scale"] and b["clients"] == r["clients"]
-                and b["median"] and b["status"] == "ok"]
-        if base and r["median"]:
-            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in base), 2)
     for sc in scales:
-        pre = [r for r in rows if r["kind"] == "rdmasock" and r["clients"] == 1 and r["scale"] == sc
-               and r["status"] == "ok" and r["median"]]
-        base = [r for r in rows if r["kind"] == "tcp" and r["clients"] == 1 and r["scale"] == sc and r["median"]]
-        if pre and base:
-            targets.append(target("pgbench scale %d, 1 client >= 1.7x TCP best" % sc,
-                                  max(r["median"] for r in pre) / max(r["median"] for r in base),
-                                  TARGETS["pgbench_c1_vs_tcp"], "%.2fx"))
+        targets += ratio_target(rows, "pgbench scale %d, 1 client >= 1.7x TCP best" % sc, TARGETS["pgbench_c1_vs_tcp"],
+                                scale=sc, clients=1)
     return {"rows": rows, "targets": targets,
             "summary": ["synchronous_commit=off, fsync=off; server on CPU %d; pgbench -j 1 -T %d" % (SERVER_CPU,
                                                                                                   duration)],
@@ -665,15 +663,8 @@ def bench_replay(args, ctx):
             replay(impl, list(places.values())[-1][1])
         log("replay warm-up done")
         rows = run_variants("replay", variants, args.reps, lambda v: "%.1f tx/s" % v)
-    targets = []
-    tcp = [r for r in rows if r["kind"] == "tcp" and r["median"] and r["status"] == "ok"]
-    pre = [r for r in rows if r["kind"] == "rdmasock" and r["median"] and r["status"] == "ok"]
-    for r in rows:
-        if tcp and r["median"]:
-            r["vs_tcp_best"] = round(r["median"] / max(b["median"] for b in tcp), 2)
-    if tcp and pre:
-        targets.append(target("psql replay of pgbench SQL >= 1.55x TCP best", max(r["median"] for r in pre)
-                              / max(r["median"] for r in tcp), TARGETS["replay_vs_tcp"], "%.2fx"))
+    set_ratios(rows, "tcp")
+    targets = ratio_target(rows, "psql replay of pgbench SQL >= 1.55x TCP best", TARGETS["replay_vs_tcp"])
     return {"rows": rows, "targets": targets,
             "summary": ["pgbench TPC-B scale 1, 1 client, captured with log_statement=all: %d transactions, "
                         "%d statements; each repetition is one `psql -f` (process start and connection set-up "
@@ -776,13 +767,10 @@ def bench_scale(args, ctx):
     for r in rows:
         r["pss_mib"] = statistics.median(r["pss_kib"]) / 1024 if r["pss_kib"] else None
         r["rss_mib"] = statistics.median(r["rss_kib"]) / 1024 if r["rss_kib"] else None
-        same_n = [b for b in rows if b["tool"] == r["tool"] and b["conns"] == r["conns"] and b["kind"] == "tcp"
-                  and b["median"] and b["status"] == "ok"]
-        if same_n and r["median"]:
-            r["vs_tcp"] = round(r["median"] / same_n[0]["median"], 2)
         one = [b for b in rows if b["tool"] == r["tool"] and b["kind"] == r["kind"] and b["conns"] == 1]
         if r["conns"] > 1 and one and one[0]["pss_mib"] is not None and r["pss_mib"] is not None:
             r["kib_per_conn"] = round((r["pss_mib"] - one[0]["pss_mib"]) * 1024 / (r["conns"] - 1), 1)
+    set_ratios(rows, "tcp", "vs_tcp", keys=("tool", "conns"))
     return {"rows": rows, "summary": [
                 "server on CPU %d, client on CPU %d (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
                 "%d; redis-benchmark -t get, requests sized for ~%d s" % (
@@ -979,18 +967,20 @@ def git_state():
         return None
 
 
-def main(argv=None):
+def parser():
     ap = argparse.ArgumentParser(prog="rdmasock bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("benchmarks", nargs="*", default=["pingpong"],
                     help="any of %s, or all (default: pingpong)" % ", ".join(BENCHES))
-    ap.add_argument("--reps", type=int, default=5, help="repetitions per variant (default 5)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 5; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 short repetition (unless --reps is given)")
     ap.add_argument("--duration", type=float, default=None,
-                    help="seconds per timed run (default: pingpong 1, stream 0.5, pgbench 10; quick: shorter)")
+                    help="seconds per timed run (default: pingpong 1, stream 0.5, pgbench 10, scale 6; "
+                         "quick: shorter)")
     ap.add_argument("--placements", default="same,cross", help="same (both on CPU 0) and/or cross (CPU 0 and 1)")
-    ap.add_argument("--sizes", default=None, help="stream write sizes in bytes (default 64,1024,...,1048576)")
+    ap.add_argument("--sizes", default=None, help="stream write sizes in bytes (default 64,256,...,1048576)")
     ap.add_argument("--redis-conns", default="1,50")
+    ap.add_argument("--redis-tests", default="ping_inline,get,set")
     ap.add_argument("--pg-scales", default="1")
     ap.add_argument("--pg-clients", default="1,4")
     ap.add_argument("--replay-tx", type=int, default=2000,
@@ -1005,48 +995,80 @@ def main(argv=None):
     ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", metavar="JSON", help="run nothing: rewrite the .md and plots of an earlier run")
+    return ap
+
+
+def parse_args(argv, prog="rdmasock bench"):
+    """Parsed and checked suite arguments (also for bench/pgbench_demo.py and bench/programs.py):
+    exits with a message if a benchmark name is unknown, taskset is missing or, unless
+    --tcp-only, the preload library is unusable."""
+    ap = parser()
     args = ap.parse_args(argv)
-    if args.from_json:
-        with open(args.from_json) as f:
-            result = json.load(f)
-        stem = args.from_json[:-5] if args.from_json.endswith(".json") else args.from_json
-        for name, b in result["results"].items():
-            print_table(name, b)
-        with open(stem + ".md", "w") as f:
-            f.write(markdown(result))
-        made = [] if args.no_plots else plots(result, stem)
-        print("\nrewritten: %s.md%s" % (stem, "".join(", " + p for p in made)))
-        return 0
-    names = []
+    args.names = []
     for b in args.benchmarks:
-        names += list(BENCHES) if b == "all" else [b]
-    bad = [b for b in names if b not in BENCHES]
+        args.names += list(BENCHES) if b == "all" else [b]
+    bad = [b for b in args.names if b not in BENCHES]
     if bad:
         ap.error("unknown benchmark(s) %s; choose from %s or all" % (", ".join(bad), ", ".join(BENCHES)))
-    if args.quick and "--reps" not in (argv if argv is not None else sys.argv[1:]):
-        args.reps = 1
+    if args.reps is None:
+        args.reps = 1 if args.quick else 5
     if args.reps < 1:
         ap.error("--reps must be >= 1")
+    if args.from_json:
+        return args
     if not shutil.which("taskset"):
-        sys.exit("rdmasock bench: taskset (util-linux) is required to pin processes")
+        sys.exit("%s: taskset (util-linux) is required to pin processes" % prog)
     if not args.tcp_only:
         ok, msg = S.preload_status()
         if not ok:
-            sys.exit("rdmasock bench: the preload library is not usable (--tcp-only runs the baselines): " + msg)
+            sys.exit("%s: the preload library is not usable (--tcp-only runs the TCP side only): %s" % (prog, msg))
+    return args
 
+
+@contextlib.contextmanager
+def bench_context(args):
+    """The shared state of one run: a work dir (removed afterwards), the RDMASOCK_LOG_FILE, the
+    placements and, when pingpong or stream runs, the compiled C programs."""
     work = tempfile.mkdtemp(prefix="rs-suite-")
-    os.chmod(work, 0o755)
-    ctx = {"work": work, "seq": 0, "places": placements(args.placements.split(",")),
-           "log_file": S.make_log_file(os.path.join(work, "log"), "rdmasock.log")}
+    try:
+        os.chmod(work, 0o755)
+        ctx = {"work": work, "seq": 0, "places": placements(args.placements.split(",")),
+               "log_file": S.make_log_file(os.path.join(work, "log"), "rdmasock.log")}
+        if {"pingpong", "stream"} & set(args.names):
+            ctx["bins"] = compile_c(work)
+        yield ctx
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def rewrite(args):
+    """--from-json: print the tables and rewrite the .md and plots of an earlier run."""
+    with open(args.from_json) as f:
+        result = json.load(f)
+    stem = args.from_json[:-5] if args.from_json.endswith(".json") else args.from_json
+    for name, b in result["results"].items():
+        print_table(name, b)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(result))
+    made = [] if args.no_plots else plots(result, stem)
+    print("\nrewritten: %s.md%s" % (stem, "".join(", " + p for p in made)))
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.from_json:
+        return rewrite(args)
+    names = args.names
     result = {"benchmarks": names, "reps": args.reps, "quick": args.quick, "host": platform.node(),
               "cpus": os.cpu_count(), "kernel": platform.release(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "command": " ".join(["rdmasock bench"] + (argv if argv is not None else sys.argv[1:])),
-              "server_cpu": SERVER_CPU, "placements": ctx["places"], "targets": TARGETS, "git": git_state(),
+              "command": " ".join(["rdmasock bench"] + argv), "server_cpu": SERVER_CPU,
+              "placements": placements(args.placements.split(",")), "targets": TARGETS, "git": git_state(),
               "preload_library": S.preload_status()[1] if not args.tcp_only else None, "results": {}}
     fns = {"pingpong": bench_pingpong, "stream": bench_stream, "redis": bench_redis, "pgbench": bench_pgbench,
            "replay": bench_replay, "scale": bench_scale}
-    try:
-        ctx["bins"] = compile_c(work)
+    with bench_context(args) as ctx:
         for name in names:
             log("== %s" % name)
             try:
@@ -1054,8 +1076,6 @@ def main(argv=None):
             except Exception as e:               # noqa: BLE001 - one broken sub-benchmark must not lose the others
                 result["results"][name] = {"error": "%s: %s" % (type(e).__name__, e)}
             print_table(name, result["results"][name])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "%s-%s" % ("all" if set(names) >= set(BENCHES) else "-".join(names),

@@ -6,12 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "benchutil.h"
 
 int main(int argc, char **argv)
 {

@@ -12,26 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchutil.h"
+
 #define MSG 64
-
-static int full(ssize_t (*io)(int, void *, size_t), int fd, char *b)
-{
-    size_t got = 0;
-    while (got < MSG) {
-        ssize_t r = io(fd, b + got, MSG - got);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-static ssize_t wr(int fd, void *b, size_t n) { return write(fd, b, n); }
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {
@@ -48,7 +31,7 @@ int main(int argc, char **argv)
         fflush(stdout);
         int c = accept(l, NULL, NULL);
         setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        while (full(read, c, buf) == 0 && full(wr, c, buf) == 0) {}
+        while (rd_full(c, buf, MSG) == 0 && wr_full(c, buf, MSG) == 0) {}
         close(c);
         close(l);
         return 0;
@@ -57,16 +40,7 @@ int main(int argc, char **argv)
     int s = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(s, (void *)&a, sizeof a)) { perror("connect"); return 1; }
     setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    for (int i = 0; i < 1000; i++)                    /* warm-up */
-        if (full(wr, s, buf) || full(read, s, buf)) return 1;
-    long n = 0;
-    double t0 = now(), t;
-    do {
-        for (int i = 0; i < 256; i++, n++)
-            if (full(wr, s, buf) || full(read, s, buf)) { perror("io"); return 1; }
-        t = now();
-    } while (t - t0 < secs);
-    printf("round_trips_per_s %.0f\n", n / (t - t0));
+    int rc = timed_pingpong(s, buf, MSG, secs);
     close(s);
-    return 0;
+    return rc;
 }

@@ -14,16 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchutil.h"
+
 #define MSG 64
 struct slot { _Atomic uint64_t seq; char pad[56]; char data[MSG]; };
 struct page { struct slot ping, pong; _Atomic int stop; };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void pin(int cpu)
 {

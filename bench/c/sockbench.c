@@ -21,34 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int rd_full(int fd, void *b, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)b + got, n - got);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-static int wr_full(int fd, const void *b, size_t n)
-{
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = write(fd, (const char *)b + put, n - put);
-        if (r <= 0) return -1;
-        put += (size_t)r;
-    }
-    return 0;
-}
+#include "benchutil.h"
 
 static int mksock(const char *kind, const char *addr, int server)
 {
@@ -133,16 +106,7 @@ int main(int argc, char **argv)
     hdr[1] = size;
     if (wr_full(s, hdr, sizeof hdr)) return 1;
     if (pp) {
-        for (int i = 0; i < 1000; i++)
-            if (wr_full(s, buf, size) || rd_full(s, buf, size)) { perror("warm-up"); return 1; }
-        long n = 0;
-        t0 = now();
-        do {
-            for (int i = 0; i < 256; i++, n++)
-                if (wr_full(s, buf, size) || rd_full(s, buf, size)) { perror("io"); return 1; }
-            t = now();
-        } while (t - t0 < secs);
-        printf("round_trips_per_s %.0f\n", n / (t - t0));
+        if (timed_pingpong(s, buf, size, secs)) return 1;
     } else {
         uint64_t warm = (uint64_t)size * 2000;        /* 2000 writes, at most 64 MiB */
         char ack;
