@@ -122,9 +122,10 @@ class socket(_base):
                 raise TimeoutError("timed out")
             raise BlockingIOError(e, os.strerror(e))
         c = c if c is not None else self._conn
-        if e == errno.EPROTO and c is not None:
-            raise OSError(e, ffi.string(lib.rs_conn_errmsg(c)).decode())
-        raise OSError(e, os.strerror(e)) if e not in _ERRCLS else _ERRCLS[e](e, os.strerror(e))
+        msg = os.strerror(e)
+        if c is not None and c.err == e and lib.rs_conn_errmsg(c)[0] != b"\0":
+            msg = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")    # says which failure
+        raise OSError(e, msg) if e not in _ERRCLS else _ERRCLS[e](e, msg)
 
     def _log(self, role):
         try:

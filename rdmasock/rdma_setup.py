@@ -87,28 +87,46 @@ def _errno_of(exc):
     return code if isinstance(code, int) and code > 0 else None
 
 
-# One device context per device per process: contexts are heavy (a uverbs file, doorbell
-# pages); protection domains, CQs, QPs and MRs are per connection.
-_contexts = {}
+# One device context per device per process, shared by its endpoints: contexts are heavy
+# (a uverbs file, doorbell pages); protection domains, CQs, QPs and MRs are per connection.
+# The last endpoint's close closes the context: a device being removed (`rdma link delete`
+# waits for every open context) is then released as soon as its connections end.
+_contexts = {}          # name -> [Context, users]
 _contexts_lock = threading.Lock()
 
 
 def _context(name):
     from pyverbs.device import Context
     with _contexts_lock:
-        ctx = _contexts.get(name)
-        if ctx is None:
-            ctx = _contexts[name] = Context(name=name)
-        return ctx
+        entry = _contexts.get(name)
+        if entry is None:
+            entry = _contexts[name] = [Context(name=name), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _context_done(name):
+    with _contexts_lock:
+        entry = _contexts.get(name)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _contexts[name]
+    try:
+        entry[0].close()
+    except Exception:
+        pass
 
 
 def forget_context(name):
     """Drop (and close) the cached context of a device, e.g. after it was removed."""
     with _contexts_lock:
-        ctx = _contexts.pop(name, None)
-    if ctx is not None:
+        entry = _contexts.pop(name, None)
+    if entry is not None:
         try:
-            ctx.close()
+            entry[0].close()
         except Exception:
             pass
 
@@ -431,6 +449,9 @@ class Endpoint:
                 _quiet_close(obj)
                 setattr(self, attr, None)
         self.qp = None
+        if getattr(self, "ctx", None) is not None:
+            self.ctx = None
+            _context_done(self.choice.device)
 
     def __enter__(self):
         return self

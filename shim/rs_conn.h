@@ -46,6 +46,8 @@ struct rs_conn {
     uint8_t  rx_pre;          /* server: the client's preamble frames come first (rs_preamble.c) */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     int      err;             /* sticky error (positive errno), 0 if healthy */
+    uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
+    uint32_t suspect_lw, suspect_footer;
     char     errmsg[RS_ERRMSG_LEN];
 
     /* tuning */

@@ -18,6 +18,24 @@ struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
 
 static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx_ring + (pos & c->mask)); }
 
+/* rdma: a NIC may make a packet's bytes visible in any order (Soft-RoCE under emulation
+ * copies byte by byte), so a record can look wrong for an instant.  It is corrupt only if
+ * it still looks exactly the same 50 ms later; shm stores are atomic, so there it is now. */
+#define RS_SUSPECT_NS 50000000ull
+static int confirmed_corrupt(rs_conn *c, const struct cursor *cur, uint32_t lw, uint32_t f)
+{
+    if (!c->rdma) return 1;
+    uint64_t now = rs_now_ns();
+    if (c->suspect_pos != cur->pos + 1 || c->suspect_lw != lw || c->suspect_footer != f) {
+        c->suspect_pos = cur->pos + 1;
+        c->suspect_lw = lw;
+        c->suspect_footer = f;
+        c->suspect_since = now;
+        return 0;
+    }
+    return now - c->suspect_since >= RS_SUSPECT_NS;
+}
+
 /* Looks at the record starting at cur->pos.  1: complete (*lw set), 0: not there yet,
  * -1: corrupt (connection error set). */
 static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
@@ -28,17 +46,20 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     uint32_t rec;
     if (lw >= RS_LEN_CTL_MIN) {
         if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN) {
+            if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: unknown control code 0x%08x at ring offset %u", lw, off);
             return -1;
         }
         rec = 8;
     } else {
         if (lw > c->max_payload) {
+            if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: bogus length %u at ring offset %u (max %u)", lw, off, c->max_payload);
             return -1;
         }
         rec = rs_rec_size(lw);
         if ((uint64_t)off + rec > c->ring_size) {
+            if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: length %u at ring offset %u crosses the ring end", lw, off);
             return -1;
         }
@@ -46,6 +67,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     uint32_t f = __atomic_load_n((uint32_t *)(c->rx_ring + off + rec - 4), __ATOMIC_ACQUIRE);
     if (f == 0) return 0;                                   /* still being written */
     if (f != rs_footer(c->salt, cur->seq, lw)) {
+        if (!confirmed_corrupt(c, cur, lw, f)) return 0;
         rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: bad footer 0x%08x at ring offset %u (record %llu)",
                           f, off, (unsigned long long)cur->seq);
         return -1;

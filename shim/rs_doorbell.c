@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <sched.h>
+#include <string.h>
 #include <time.h>
 #include "rs_conn.h"
 #include "rs_sys.h"
@@ -157,6 +158,13 @@ int rs_wait_fd(rs_conn *c, int timeout_ms)
     struct pollfd p = { .fd = c->fd, .events = POLLIN | POLLRDHUP };
     c->stat_sleeps++;
     int r = rs_sys_poll(&p, 1, timeout_ms);
+    if (r > 0 && (p.revents & POLLERR)) {
+        /* A peer host that vanished (keepalive timed out, unreachable) is an error, not
+         * an end of stream; a reset by a dying peer process stays EOF, as before. */
+        int e = rs_sys_sockerr(c->fd);
+        if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH)
+            rs_conn_set_error(c, e, "rdmasock: the connection's TCP socket failed: %s", strerror(e));
+    }
     if (r > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))) c->tcp_eof = 1;
     return r;
 }

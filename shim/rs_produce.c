@@ -46,6 +46,13 @@ static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32
     c->stat_records_tx++;
 }
 
+/* The peer closed its socket: EPIPE, unless its transport failed first and said so. */
+static int peer_gone(rs_conn *c)
+{
+    if (c->rdma && !c->err) rs_rdma_drain(c);
+    return c->err ? -c->err : -EPIPE;
+}
+
 /* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */
 #define RS_KEEP_WHOLE 512u
 
@@ -59,7 +66,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         if (c->err) return -c->err;
-        if (c->tcp_eof) return -EPIPE;
+        if (c->tcp_eof) return peer_gone(c);
         uint64_t now = rs_now_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
         if (now < spin_end) { rs_relax(); continue; }
@@ -85,12 +92,13 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
     uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     if (timeout_ms == 0) nonblock = 1;
     if (c->err) return -c->err;
-    if (c->fin_sent || c->tcp_eof) return -EPIPE;
+    if (c->tcp_eof) return peer_gone(c);
+    if (c->fin_sent) return -EPIPE;
     if (c->fin_seen) {
         /* The peer shut its side down; if it closed the socket altogether, TCP would fail
          * this write with EPIPE: ask the kernel (only ever after a FIN record). */
         struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
-        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) { c->tcp_eof = 1; return -EPIPE; }
+        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) { c->tcp_eof = 1; return peer_gone(c); }
     }
     while (sent < len) {
         uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
@@ -114,7 +122,7 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
                 if (!sent && !c->tcp_eof) {
                     struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
                     if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
-                    if (c->tcp_eof) return -EPIPE;
+                    if (c->tcp_eof) return peer_gone(c);
                 }
                 break;
             }

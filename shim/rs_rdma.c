@@ -66,6 +66,7 @@ void rs_rdma_refresh_credit(rs_conn *c) { (void)c; }
 int  rs_rdma_arm_credit(rs_conn *c) { (void)c; return 1; }
 void rs_rdma_publish_credit(rs_conn *c, int force) { (void)c; (void)force; }
 int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
+void rs_rdma_drain(rs_conn *c) { (void)c; }
 void rs_rdma_free(rs_conn *c) { (void)c; }
 int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
 void rs_rdma_stats(rs_conn *c, uint64_t *out4) { (void)c; memset(out4, 0, 4 * sizeof *out4); }
@@ -443,7 +444,7 @@ void rs_rdma_publish_credit(rs_conn *c, int force)
 
 /* Reads every doorbell byte that is there (in this transport the TCP stream carries
  * nothing else after the handshake); a drained bell disarms what it answered. */
-static void drain_all(rs_conn *c)
+void rs_rdma_drain(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
@@ -470,7 +471,7 @@ static void drain_all(rs_conn *c)
 int rs_rdma_go_idle(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    drain_all(c);
+    rs_rdma_drain(c);
     if (rs_rx_ready(c)) return 1;
     if (c->err || c->tcp_eof || r->data_armed) return 0;
     rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */

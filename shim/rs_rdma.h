@@ -61,6 +61,7 @@ void     rs_rdma_refresh_credit(struct rs_conn *c);
 int      rs_rdma_arm_credit(struct rs_conn *c);
 void     rs_rdma_publish_credit(struct rs_conn *c, int force);
 int      rs_rdma_go_idle(struct rs_conn *c);
+void     rs_rdma_drain(struct rs_conn *c);
 int      rs_rdma_quiesce(struct rs_conn *c, int timeout_ms);
 void     rs_rdma_free(struct rs_conn *c);
 void     rs_rdma_stats(struct rs_conn *c, uint64_t *out4);

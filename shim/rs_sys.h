@@ -24,4 +24,12 @@ static inline int rs_sys_poll(struct pollfd *p, unsigned n, int timeout_ms)
     long r = syscall(SYS_poll, p, n, timeout_ms);
     return r < 0 ? -errno : (int)r;
 }
+/* The socket's pending error (SO_ERROR), 0 if none. */
+static inline int rs_sys_sockerr(int fd)
+{
+    int e = 0;
+    socklen_t l = sizeof e;
+    if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_ERROR, &e, &l) < 0) return 0;
+    return e;
+}
 #endif

@@ -18,7 +18,8 @@ from conftest import recv_exact
     ({"RDMASOCK_INCLUDE": "127.0.0.1"}, None),
     ({"RDMASOCK_EXCLUDE_PORTS": "{port}"}, "excluded"),
     ({"RDMASOCK_DISABLE": "1"}, "disabled"),
-    ({"RDMASOCK_TRANSPORTS": "rdma"}, "no_common_transport"),
+    ({"RDMASOCK_TRANSPORTS": "rdma"}, "rdma_unavailable"),     # no RDMA device on this host
+    ({"RDMASOCK_TRANSPORTS": "tcp"}, "no_common_transport"),
 ])
 def test_filters_decide_the_upgrade(env, expect):
     srv = rdmasock.create_server(("127.0.0.1", 0))

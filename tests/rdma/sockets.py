@@ -1,0 +1,448 @@
+"""rdmasock sockets over the `rdma` transport, inside the Soft-RoCE VM (run by run_inner.py).
+
+    sockets.py two_hosts        Python API between namespaces rs-h1 and rs-h2 (RDMASOCK_PEERS):
+                                transport rdma on both sides (never shm), 64 B ping-pong,
+                                a random-size stream each way with SHA-256, EOF both ways,
+                                RoCE packets counted on the veth
+    sockets.py qp_error         the sender's QP forced to ERR mid-stream (one namespace)
+    sockets.py link_down        the RoCE link of rs-h1 goes down mid-stream (two hosts; TCP stays)
+    sockets.py dead_peer        rs-h1 loses every link while rs-h2 waits in recv: keepalive
+    sockets.py device_delete    `rdma link delete rxe-h1` mid-stream, then a new connection
+    sockets.py fallback REASON  set-up failures (memlock, no device): plain TCP with REASON
+
+Roles (`_server`, `_client`, `_streamer`, `_sink`) run in the namespaces; they print
+RESULT {json} lines.  Every wait is bounded; children are stopped by PID."""
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+PY = sys.executable
+PORT = 18700
+
+
+def result(**kv):
+    print("RESULT " + json.dumps(kv, sort_keys=True), flush=True)
+
+
+def log(msg):
+    print("[sockets] " + msg, flush=True)
+
+
+def prng_stream(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def recv_exact(s, n):
+    buf = bytearray()
+    while len(buf) < n:
+        d = s.recv(n - len(buf))
+        if not d:
+            raise EOFError("EOF after %d of %d bytes" % (len(buf), n))
+        buf += d
+    return bytes(buf)
+
+
+def send_random_writes(s, blob, seed):
+    rnd, i = random.Random(seed), 0
+    while i < len(blob):
+        n = rnd.choice((1, 7, 64, 500, 4096, 65536, 300000))
+        s.sendall(blob[i:i + n])
+        i += n
+
+
+# ---------------------------------------------------------------- roles (in a namespace)
+def role_server(bind, port):
+    import rdmasock
+    srv = rdmasock.create_server((bind, port))
+    print("LISTENING", flush=True)
+    c, _ = srv.accept()
+    c.settimeout(60)
+    n = int.from_bytes(recv_exact(c, 4), "big")
+    out = {"role": "server", "transport": c.transport, "reason": c.fallback_reason}
+    for _ in range(n):                                    # ping-pong: echo
+        c.sendall(recv_exact(c, 64))
+    size = int.from_bytes(recv_exact(c, 8), "big")       # client -> server stream
+    h, got = hashlib.sha256(), 0
+    while got < size:
+        d = c.recv(min(1 << 20, size - got))
+        if not d:
+            break
+        h.update(d)
+        got += len(d)
+    c.sendall(h.digest())
+    blob = prng_stream(2, size)                           # server -> client stream
+    send_random_writes(c, blob, 3)
+    c.shutdown(1)
+    out["eof"] = c.recv(10) == b""
+    out["got"] = got
+    c.close()
+    srv.close()
+    result(**out)
+
+
+def role_client(host, port, n_ping, size):
+    import rdmasock
+    c = rdmasock.create_connection((host, port), timeout=60)
+    c.sendall(n_ping.to_bytes(4, "big"))
+    msg = b"p" * 64
+    t0 = time.monotonic()
+    for _ in range(n_ping):
+        c.sendall(msg)
+        assert recv_exact(c, 64) == msg
+    out = {"role": "client", "transport": c.transport, "reason": c.fallback_reason,
+           "pingpong_us": round((time.monotonic() - t0) / max(1, n_ping) * 1e6, 1)}
+    blob = prng_stream(1, size)
+    c.sendall(size.to_bytes(8, "big"))
+    t0 = time.monotonic()
+    send_random_writes(c, blob, 4)
+    out["digest_ok"] = recv_exact(c, 32) == hashlib.sha256(blob).digest()
+    out["up_mb_s"] = round(size / (time.monotonic() - t0) / 1e6, 1)
+    want = prng_stream(2, size)
+    got = bytearray()
+    while True:
+        d = c.recv(1 << 20)
+        if not d:
+            break
+        got += d
+    out["down_ok"] = bytes(got) == want
+    c.close()
+    result(**out)
+
+
+def role_streamer(host, port, seconds):
+    """Sends a seeded stream until an error or `seconds`; reports how it ended."""
+    import rdmasock
+    c = rdmasock.create_connection((host, port), timeout=30)
+    c.sendall(random.Random(7).randbytes(16384))
+    out = {"role": "streamer"}
+    print("CONNECTED", flush=True)
+    after = os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER")
+    if after:
+        def qp_to_error():
+            import pyverbs.enums as e
+            from rdmasock import rdma_setup, transport_rdma
+            for side in list(transport_rdma._sides.values()):
+                side.ep.qp.modify(rdma_setup.Endpoint._attr(e.IBV_QPS_ERR), e.IBV_QP_STATE)
+            print("QP_ERR", flush=True)
+        threading.Timer(float(after), qp_to_error).start()
+    rnd, sent, end = random.Random(7), 16384, time.monotonic() + seconds
+    rnd.randbytes(16384)
+    try:
+        while time.monotonic() < end:
+            c.sendall(rnd.randbytes(16384))
+            sent += 16384
+        c.shutdown(1)
+        out["ended"] = "clean"
+        out["eof"] = c.recv(10) == b""
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    out.update(sent=sent, transport=c.transport, reason=c.fallback_reason)
+    c.close()
+    result(**out)
+
+
+def role_sink(bind, port, idle):
+    """Accepts one connection; checks what arrives is an exact prefix of the seeded stream.
+    With idle, just waits in recv (nothing is sent) and reports how the wait ended."""
+    import rdmasock
+    srv = rdmasock.create_server((bind, port))
+    print("LISTENING", flush=True)
+    c, _ = srv.accept()
+    c.settimeout(120)
+    print("ACCEPTED", flush=True)
+    rnd, got, ok = random.Random(7), 0, True
+    pending = b""
+    t0 = time.monotonic()
+    out = {}
+    try:
+        while True:
+            d = c.recv(1 << 20)
+            if not d:
+                out["ended"] = "eof"
+                break
+            pending += d
+            while len(pending) >= 16384:
+                ok = ok and pending[:16384] == rnd.randbytes(16384)
+                pending = pending[16384:]
+            got += len(d)
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    if pending:
+        ok = ok and pending == rnd.randbytes(16384)[:len(pending)]
+    out.update(role="sink", transport=c.transport, reason=c.fallback_reason)
+    out.update(got=got, prefix_ok=ok, seconds=round(time.monotonic() - t0, 1))
+    c.close()
+    srv.close()
+    result(**out)
+
+
+def role_waiter(host, port):
+    """Connects and waits in recv for data that never comes; reports how the wait ended."""
+    import rdmasock
+    c = rdmasock.create_connection((host, port), timeout=None)
+    c.sendall(random.Random(7).randbytes(100))
+    c.recv(0)                                             # the handshake is over after this
+    out = {"role": "waiter", "transport": c.transport, "reason": c.fallback_reason}
+    print("CONNECTED", flush=True)
+    t0 = time.monotonic()
+    try:
+        d = c.recv(100)
+        out["ended"] = "eof" if not d else "data"
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    result(**out)
+
+
+# ---------------------------------------------------------------- orchestration (root ns)
+class Proc:
+    def __init__(self, argv, env):
+        argv = [str(a) for a in argv]
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_line(self, prefix, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(l.startswith(prefix) for l in self.lines):
+                return True
+            if self.p.poll() is not None and not self.t.is_alive():
+                return False
+            time.sleep(0.05)
+        return False
+
+    def finish(self, timeout):
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(10)
+        self.t.join(5)
+        for l in self.lines:
+            print("    " + l, flush=True)
+        res = [json.loads(l[7:]) for l in self.lines if l.startswith("RESULT ")]
+        return res[-1] if res else None
+
+
+def ns_env(h, extra=None):
+    e = dict(os.environ)
+    other = "2" if h == "1" else "1"
+    e.update(RDMASOCK_TRANSPORTS="rdma", RDMASOCK_RDMA_DEVICE=os.environ["SOFTROCE_H%s_DEV" % h],
+             RDMASOCK_PEERS=os.environ["SOFTROCE_H%s_IP" % other])
+    e.update(extra or {})
+    return e
+
+
+def in_ns(h, *args):
+    return ["ip", "netns", "exec", os.environ["SOFTROCE_H%s_NS" % h], PY, __file__] + [str(a) for a in args]
+
+
+def roce_rx():
+    with open("/sys/class/net/rs-roce2/statistics/rx_packets") as f:
+        return int(f.read())
+
+
+def check(cond, what):
+    log(("ok   " if cond else "FAIL ") + what)
+    return bool(cond)
+
+
+def case_two_hosts():
+    ip1 = os.environ["SOFTROCE_H1_IP"]
+    before = roce_rx()
+    srv = Proc(in_ns("1", "_server", ip1, PORT), ns_env("1"))
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    cli = Proc(in_ns("2", "_client", ip1, PORT, 2000, 3 << 20), ns_env("2"))
+    c, s = cli.finish(240), srv.finish(60)
+    crossed = roce_rx() - before
+    ok = check(c and s, "both roles reported")
+    if not ok:
+        return False
+    ok &= check(c["transport"] == s["transport"] == "rdma", "transport rdma on both sides (%s/%s, %s/%s)"
+                % (c["transport"], c["reason"], s["transport"], s["reason"]))
+    ok &= check(c["digest_ok"] and c["down_ok"] and s["eof"], "streams intact both ways, EOF seen")
+    ok &= check(crossed > 1000, "%d RoCE packets crossed rs-roce1 -> rs-roce2" % crossed)
+    log("ping-pong %.1f us per round trip, upload %.1f MB/s" % (c["pingpong_us"], c["up_mb_s"]))
+    return ok
+
+
+def _stream_fault(two_hosts, action, expect_error=True, settle=3.0, seconds=12):
+    """A streamer sends to a sink; `action()` runs mid-stream.  Checks the sink saw an exact
+    prefix of the stream and how each side ended."""
+    if two_hosts:
+        ip1 = os.environ["SOFTROCE_H1_IP"]
+        sink = Proc(in_ns("1", "_sink", ip1, PORT), ns_env("1"))
+        start = lambda: Proc(in_ns("2", "_streamer", ip1, PORT, seconds), ns_env("2"))
+    else:
+        env = dict(os.environ, RDMASOCK_TRANSPORTS="rdma", RDMASOCK_RDMA_DEVICE=os.environ.get("SOFTROCE_DEVICE", ""))
+        sink = Proc([PY, __file__, "_sink", "127.0.0.1", PORT], env)
+        start = lambda: Proc([PY, __file__, "_streamer", "127.0.0.1", PORT, seconds], env)
+    if not sink.wait_line("LISTENING", 30):
+        sink.finish(5)
+        return False
+    st = start()
+    ok = check(st.wait_line("CONNECTED", 60), "streamer connected")
+    time.sleep(settle)
+    info = action(st) if ok else None
+    a, b = st.finish(seconds + 60), sink.finish(60)
+    ok &= check(a and b, "both roles reported")
+    if not ok:
+        return False
+    ok &= check(a["transport"] == b["transport"] == "rdma", "transport rdma (%s, %s)" % (a["transport"], b["transport"]))
+    ok &= check(b["prefix_ok"] and b["got"] <= a["sent"], "sink got an exact prefix: %d of %d bytes" % (b["got"], a["sent"]))
+    if expect_error:
+        ok &= check(a["ended"] == "error" and b["ended"] == "error",
+                    "both sides ended with an error: streamer %s (%s) / sink %s (%s)"
+                    % (a.get("errno"), a.get("error"), b.get("errno"), b.get("error")))
+        ok &= check("rdmasock" in (a.get("error") or "") and "rdmasock" in (b.get("error") or ""),
+                    "the errors say what failed")
+    else:
+        ok &= check(a["ended"] == "clean" and b["ended"] == "eof" and b["got"] == a["sent"],
+                    "stream complete: %d bytes, clean end" % b["got"])
+    return ok, info
+
+
+def case_qp_error():
+    # A QP can only be moved to ERR by its own process: the streamer does it to itself
+    # (RDMASOCK_TEST_QP_ERR_AFTER seconds after connecting).
+    os.environ["RDMASOCK_TEST_QP_ERR_AFTER"] = "2"
+    try:
+        res = _stream_fault(False, lambda st: None, expect_error=True, settle=0.5, seconds=10)
+    finally:
+        del os.environ["RDMASOCK_TEST_QP_ERR_AFTER"]
+    return res[0] if isinstance(res, tuple) else res
+
+
+def case_link_down():
+    def down(st):
+        log("ip link set rs-roce1 down (RoCE path of rs-h1; TCP path stays up)")
+        subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
+    try:
+        res = _stream_fault(True, down, expect_error=True)
+    finally:
+        subprocess.run(["ip", "link", "set", "rs-roce1", "up"])
+    return res[0] if isinstance(res, tuple) else res
+
+
+def case_device_delete():
+    box = {}
+
+    def delete(st):
+        log("rdma link delete rxe-h1 (in the background: it waits for open contexts)")
+        box["p"] = subprocess.Popen(["rdma", "link", "delete", "rxe-h1"])
+        box["t0"] = time.monotonic()
+    res = _stream_fault(True, delete, expect_error=False, seconds=8)
+    ok = res[0] if isinstance(res, tuple) else res
+    p = box.get("p")
+    if p is None:
+        return False
+    try:
+        p.wait(30)
+        ok &= check(p.returncode == 0, "the delete finished %.1f s after it began, once the connection closed"
+                    % (time.monotonic() - box["t0"]))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return check(False, "rdma link delete still blocked 30 s after the connection closed")
+    # A new connection from rs-h1 finds no device: plain TCP with a reason, data intact.
+    ip1 = os.environ["SOFTROCE_H1_IP"]
+    srv = Proc(in_ns("1", "_server", ip1, PORT + 1), ns_env("1"))
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    cli = Proc(in_ns("2", "_client", ip1, PORT + 1, 50, 1 << 20), ns_env("2"))
+    c, s = cli.finish(120), srv.finish(30)
+    ok &= check(c and s and c["transport"] == s["transport"] == "tcp", "after the delete: plain TCP (%s)"
+                % ((s or {}).get("reason"),))
+    ok &= check(c and s and s["reason"] == "rdma_unavailable" and c["digest_ok"] and c["down_ok"],
+                "server's reason rdma_unavailable, data intact")
+    subprocess.run(["rdma", "link", "add", "rxe-h1", "type", "rxe", "netdev", "rs-roce1"])
+    return ok
+
+
+def case_dead_peer():
+    ip1 = os.environ["SOFTROCE_H1_IP"]
+    extra = {"RDMASOCK_KEEPALIVE": "1,1,2"}
+    srv = Proc(in_ns("1", "_sink", ip1, PORT + 2), ns_env("1", extra))
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    w = Proc(in_ns("2", "_waiter", ip1, PORT + 2), ns_env("2", extra))
+    ok = check(w.wait_line("CONNECTED", 60) and srv.wait_line("ACCEPTED", 30), "connected")
+    time.sleep(1)
+    log("rs-h1 loses every link (TCP veth in its namespace, RoCE veth): its process lives on")
+    subprocess.run(["ip", "-n", os.environ["SOFTROCE_H1_NS"], "link", "set", "rs-ip1", "down"], check=True)
+    subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
+    try:
+        r = w.finish(40)
+    finally:
+        subprocess.run(["ip", "-n", os.environ["SOFTROCE_H1_NS"], "link", "set", "rs-ip1", "up"])
+        subprocess.run(["ip", "link", "set", "rs-roce1", "up"])
+        srv.p.kill()
+        srv.finish(10)
+    ok &= check(r is not None and r["transport"] == "rdma", "waiter was on rdma")
+    ok &= check(r is not None and r["ended"] == "error" and r["errno"] == 110 and r["seconds"] < 30,
+                "the waiting recv failed with ETIMEDOUT (keepalive) after %s s: %s"
+                % ((r or {}).get("seconds"), (r or {}).get("error")))
+    return ok
+
+
+def case_fallback(reason):
+    """Set-up failures: the connection stays plain TCP, says why, and carries data."""
+    env = dict(os.environ, RDMASOCK_TRANSPORTS="rdma")
+    env["RDMASOCK_RDMA_DEVICE"] = "no-such-dev" if reason == "rdma_unavailable" else os.environ.get("SOFTROCE_DEVICE", "")
+    srv = Proc([PY, __file__, "_server", "127.0.0.1", PORT + 3], env)
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    argv = [PY, __file__, "_client", "127.0.0.1", PORT + 3, 20, 1 << 20]
+    if reason == "memlock":
+        # root keeps CAP_IPC_LOCK (the limit would not apply) unless it leaves the bounding set
+        inner = "ulimit -l 64 && exec " + " ".join(str(a) for a in argv)
+        argv = ["setpriv", "--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock", "sh", "-c", inner]
+    c, s = Proc(argv, env).finish(120), srv.finish(30)
+    ok = check(c and s, "both roles reported")
+    if not ok:
+        return False
+    ok &= check(c["transport"] == "tcp" and c["reason"] == reason, "client: tcp, reason %s (%s)" % (c["reason"], reason))
+    ok &= check(s["transport"] == "tcp", "server: tcp (%s)" % s["reason"])
+    ok &= check(c["digest_ok"] and c["down_ok"] and s["eof"], "data intact both ways")
+    return ok
+
+
+def main():
+    cmd = sys.argv[1]
+    a = sys.argv[2:]
+    if cmd == "_server":
+        return role_server(a[0], int(a[1]))
+    if cmd == "_client":
+        return role_client(a[0], int(a[1]), int(a[2]), int(a[3]))
+    if cmd == "_streamer":
+        return role_streamer(a[0], int(a[1]), float(a[2]))
+    if cmd == "_sink":
+        return role_sink(a[0], int(a[1]), False)
+    if cmd == "_waiter":
+        return role_waiter(a[0], int(a[1]))
+    ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "link_down": case_link_down,
+          "dead_peer": case_dead_peer, "device_delete": case_device_delete}[cmd]() if cmd != "fallback" \
+        else case_fallback(a[0])
+    log("%s %s" % (cmd, "PASS" if ok else "FAIL"))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
