@@ -197,7 +197,15 @@ def step(handle, wait_ms, out):
 
 def _finish(handle, h, transport, reason):
     _handshakes.pop(handle, None)
-    log.connection(h.role, getattr(h, "local", None), h.peer, transport, reason)
+    local = getattr(h, "local", None)
+    if not local or local[1] == 0:
+        # A client towards another host (RDMASOCK_PEERS) is not bound before its connect,
+        # so its address is only known now; getsockname still works after the peer closed.
+        try:
+            local = h.sock.getsockname()
+        except OSError:
+            pass
+    log.connection(h.role, local, h.peer, transport, reason)
     h.close()
 
 
