@@ -12,6 +12,8 @@ Cases (`--only a,b`):
   qp_error       QP forced to ERR, remote access error, peer QP destroyed (faults.py)
   two_hosts      ring_write.py between network namespaces rs-h1 / rs-h2, rxe-h1 -> rxe-h2 (VM)
   device_events  netdev down/up and `rdma link delete` under a streaming QP (VM, root)
+  prog_pg        PostgreSQL 15 in rs-h1, psql / \\copy / pgbench from rs-h2, all preloaded, rdma (programs.py, VM)
+  prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
 """
 import argparse
 import json
@@ -22,9 +24,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
-CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events"]
+CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl"]
 VM_ONLY = {"two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
-           "device_events": "deletes an rdma link: only inside the throw-away VM"}
+           "device_events": "deletes an rdma link: only inside the throw-away VM",
+           "prog_pg": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
+           "prog_curl": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"}
 
 
 def run(cmds, timeout, env=None):
@@ -116,6 +120,14 @@ def do_two_hosts():
 
 def do_device_events():
     return run([[PY, "faults.py", "device_events"]], 240)
+
+
+def do_prog_pg():
+    return run([[PY, "programs.py", "pg"]], 300)
+
+
+def do_prog_curl():
+    return run([[PY, "programs.py", "curl"]], 400)
 
 
 def main():
