@@ -99,7 +99,9 @@ def release(conn_addr, quiesce_ms=2000):
     side = _sides.pop(conn_addr, None)
     if side is None:
         return False
-    lib.rs_rdma_quiesce(ffi.cast("rs_conn *", conn_addr), quiesce_ms)
+    conn = ffi.cast("rs_conn *", conn_addr)
+    lib.rs_rdma_quiesce(conn, quiesce_ms)
+    lib.rs_rdma_drain(conn)            # unread doorbells would make the close send RST
     side.close()
     return True
 

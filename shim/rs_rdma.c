@@ -228,6 +228,14 @@ static void push_own(rs_conn *c)
     pthread_mutex_unlock(&r->lock);
 }
 
+static void check_cq(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    pthread_mutex_lock(&r->lock);
+    poll_cq_locked(c);
+    pthread_mutex_unlock(&r->lock);
+}
+
 /* Push our words, then READ the peer's into r->sync; waits for the READ.  0 or -1 (failed). */
 static int sync_peer(rs_conn *c)
 {
@@ -405,6 +413,7 @@ int rs_rdma_arm_credit(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     rs_rdma_refresh_credit(c);
+    if (r->credit_armed) check_cq(c);                 /* a producer that only waits notices failures */
     if (r->credit_armed || r->failed) return 0;
     __atomic_fetch_add(&r->own->tx_wait_seq, 1, __ATOMIC_SEQ_CST);
     if (sync_peer(c) < 0) return 1;                   /* the write reports the error */
@@ -448,8 +457,11 @@ void rs_rdma_drain(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
-    for (int i = 0; i < 64 && !c->tcp_eof; i++) {
+    for (int i = 0; i < 64; i++) {          /* also after EOF: a failure byte may precede it */
         long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == -ECONNRESET)           /* a reset discards what was queued, a failure byte too */
+            rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer reset the connection "
+                              "(its process or its RDMA transport failed)");
         if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
         if (n < 0) break;
         for (long k = 0; k < n; k++) {
@@ -473,6 +485,7 @@ int rs_rdma_go_idle(rs_conn *c)
     struct rs_rdma *r = c->rdma;
     rs_rdma_drain(c);
     if (rs_rx_ready(c)) return 1;
+    if (r->data_armed) check_cq(c);                   /* before sleeping: our QP may have failed */
     if (c->err || c->tcp_eof || r->data_armed) return 0;
     rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
     __atomic_fetch_add(&r->own->want_seq, 1, __ATOMIC_SEQ_CST);

@@ -96,7 +96,8 @@ def _fresh_config(monkeypatch):
     from rdmasock import config
     monkeypatch.delenv("RDMASOCK_LOG_FILE", raising=False)
     monkeypatch.delenv("RDMASOCK_DISABLE", raising=False)
-    monkeypatch.delenv("RDMASOCK_TRANSPORTS", raising=False)
+    if not os.environ.get("RDMASOCK_TEST_TRANSPORT"):     # set by the RDMA VM tests on purpose
+        monkeypatch.delenv("RDMASOCK_TRANSPORTS", raising=False)
     config.reload()
     yield
     config.reload()

@@ -126,6 +126,7 @@ void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd
  * fork the verbs objects belong to the parent: the child only drops its copy. */
 void rs_br_conn_free(rs_conn *c, int forked)
 {
+    if (c && c->rdma && !forked) rs_rdma_drain(c);     /* unread bells would make close send RST */
     if (c && c->rdma && !forked && rs_engine_loaded()) CALL(eng.release((uintptr_t)c));
     rs_conn_free(c);
 }

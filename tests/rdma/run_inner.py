@@ -24,8 +24,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
-CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl"]
-VM_ONLY = {"two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
+CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl",
+         "api_stream", "api_two_hosts", "sock_qp_error", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
+         "sock_device_delete"]
+_TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
+VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_dead_peer": _TWO,
+           "sock_device_delete": "deletes an rdma link: only inside the throw-away VM",
+           "two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "device_events": "deletes an rdma link: only inside the throw-away VM",
            "prog_pg": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "prog_curl": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"}
@@ -120,6 +125,48 @@ def do_two_hosts():
 
 def do_device_events():
     return run([[PY, "faults.py", "device_events"]], 240)
+
+
+def _lo_env(extra=None):
+    env = case_env(extra)
+    if os.environ.get("SOFTROCE_DEVICE"):
+        env["RDMASOCK_RDMA_DEVICE"] = os.environ["SOFTROCE_DEVICE"]
+    return env
+
+
+def do_api_stream():
+    """The core's stream property test (tests/test_stream_property.py) over rdma in one
+    namespace: shm excluded by configuration, so the listener's rendezvous leads to rdma."""
+    env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_TEST_TRANSPORT": "rdma",
+                   "RDMASOCK_TEST_EXAMPLES": "10", "RDMASOCK_TEST_MAX_WRITE": str(256 * 1024)})
+    return run([[PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                 os.path.join(os.path.dirname(HERE), "test_stream_property.py")]], 400, env)
+
+
+def do_api_two_hosts():
+    return run([[PY, "sockets.py", "two_hosts"]], 300)
+
+
+def do_sock_qp_error():
+    return run([[PY, "sockets.py", "qp_error"]], 200, _lo_env())
+
+
+def do_sock_link_down():
+    return run([[PY, "sockets.py", "link_down"]], 200)
+
+
+def do_sock_dead_peer():
+    return run([[PY, "sockets.py", "dead_peer"]], 200)
+
+
+def do_sock_fallbacks():
+    ok1, out1 = run([[PY, "sockets.py", "fallback", "memlock"]], 120, _lo_env())
+    ok2, out2 = run([[PY, "sockets.py", "fallback", "rdma_unavailable"]], 120, _lo_env())
+    return ok1 and ok2, out1 + "\n" + out2
+
+
+def do_sock_device_delete():
+    return run([[PY, "sockets.py", "device_delete"]], 300)
 
 
 def do_prog_pg():

@@ -304,7 +304,9 @@ def _stream_fault(two_hosts, action, expect_error=True, settle=3.0, seconds=12):
     if not ok:
         return False
     ok &= check(a["transport"] == b["transport"] == "rdma", "transport rdma (%s, %s)" % (a["transport"], b["transport"]))
-    ok &= check(b["prefix_ok"] and b["got"] <= a["sent"], "sink got an exact prefix: %d of %d bytes" % (b["got"], a["sent"]))
+    # `sent` counts whole sendall calls: the one that failed may have delivered part of its 16 KiB
+    ok &= check(b["prefix_ok"] and b["got"] <= a["sent"] + 16384,
+                "sink got an exact prefix: %d bytes, %d sent by completed calls" % (b["got"], a["sent"]))
     if expect_error:
         ok &= check(a["ended"] == "error" and b["ended"] == "error",
                     "both sides ended with an error: streamer %s (%s) / sink %s (%s)"
