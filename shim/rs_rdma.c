@@ -383,6 +383,20 @@ void rs_rdma_post_records(rs_conn *c)
     __atomic_store_n(&r->own->tx_seq, c->tx_seq, __ATOMIC_RELEASE);
 }
 
+/* One doorbell byte answering the peer's request `seq`; only a byte that left counts as
+ * the answer (on EAGAIN the next chance tries again). */
+static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
+{
+    long n = rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == 1) {
+        *answered = seq;
+        __atomic_fetch_add(&c->rdma->own->bells_sent, 1, __ATOMIC_RELAXED);
+        c->stat_bells_sent++;
+    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
+        c->tcp_eof = 1;
+    }
+}
+
 /* Producer, after posting: ring if the consumer went idle since our last bell. */
 void rs_rdma_flush_bell(rs_conn *c)
 {
@@ -391,15 +405,7 @@ void rs_rdma_flush_bell(rs_conn *c)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* tx_seq store before the want_seq load */
     uint64_t w = __atomic_load_n(&r->mirror->want_seq, __ATOMIC_ACQUIRE);
     if (w == r->want_answered || r->failed) return;
-    uint8_t b = RS_BELL_DATA;
-    long n = rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n == 1) {
-        r->want_answered = w;
-        __atomic_fetch_add(&r->own->bells_sent, 1, __ATOMIC_RELAXED);
-        c->stat_bells_sent++;
-    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
-        c->tcp_eof = 1;
-    }   /* EAGAIN: the next record tries again */
+    answer(c, RS_BELL_DATA, &r->want_answered, w);
 }
 
 void rs_rdma_refresh_credit(rs_conn *c)
@@ -440,15 +446,7 @@ void rs_rdma_publish_credit(rs_conn *c, int force)
     if (!waiting || r->failed) return;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* rx_head store before the tx_wait_seq load */
     tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
-    uint8_t b = RS_BELL_CREDIT;
-    long n = rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n == 1) {
-        r->credit_answered = tw;
-        __atomic_fetch_add(&r->own->bells_sent, 1, __ATOMIC_RELAXED);
-        c->stat_bells_sent++;
-    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
-        c->tcp_eof = 1;
-    }
+    answer(c, RS_BELL_CREDIT, &r->credit_answered, tw);
 }
 
 /* Reads every doorbell byte that is there (in this transport the TCP stream carries
