@@ -62,7 +62,7 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
                              uint32_t spin_ns, const struct rs_rdma_params *p);
 int rs_rdma_quiesce(rs_conn *c, int timeout_ms);
 void rs_rdma_drain(rs_conn *c);
-void rs_rdma_stats(rs_conn *c, uint64_t *out4);
+
 void *rs_shm_map(int memfd, size_t *len_out, int *err);
 """
 

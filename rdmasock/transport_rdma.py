@@ -104,7 +104,3 @@ def release(conn_addr, quiesce_ms=2000):
     lib.rs_rdma_drain(conn)            # unread doorbells would make the close send RST
     side.close()
     return True
-
-
-def is_rdma(conn_addr):
-    return conn_addr in _sides

@@ -69,7 +69,6 @@ int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
 void rs_rdma_drain(rs_conn *c) { (void)c; }
 void rs_rdma_free(rs_conn *c) { (void)c; }
 int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
-void rs_rdma_stats(rs_conn *c, uint64_t *out4) { (void)c; memset(out4, 0, 4 * sizeof *out4); }
 
 #else
 
@@ -89,7 +88,6 @@ struct rs_rdma {
     uint8_t  data_armed;         /* consumer: a sync proved the producer rings for the next record */
     uint8_t  credit_armed;       /* producer: likewise for credit */
     uint8_t  failed;
-    uint64_t n_posts, n_inline, n_syncs, n_pushes;
     struct ibv_send_wr wr[BATCH];
     struct ibv_sge sge[BATCH];
     int nwr;
@@ -182,7 +180,7 @@ static void add_wr_locked(struct rs_rdma *r, enum ibv_wr_opcode op, uint64_t lad
     w->opcode = op;
     w->wr.rdma.remote_addr = raddr;
     w->wr.rdma.rkey = rkey;
-    if (op == IBV_WR_RDMA_WRITE && len <= r->p.max_inline) { w->send_flags |= IBV_SEND_INLINE; r->n_inline++; }
+    if (op == IBV_WR_RDMA_WRITE && len <= r->p.max_inline) w->send_flags |= IBV_SEND_INLINE;
     if (++r->since_sig >= r->sig_every) signal = 1;
     if (signal) { w->send_flags |= IBV_SEND_SIGNALED; r->since_sig = 0; }
     r->posted++;
@@ -197,9 +195,7 @@ static int post_locked(rs_conn *c)
     struct rs_rdma *r = c->rdma;
     if (!r->nwr) return 0;
     struct ibv_send_wr *bad = NULL;
-    int n = r->nwr;
     r->nwr = 0;
-    r->n_posts += (uint64_t)n;
     int rc = ibv_post_send(r->qp, &r->wr[0], &bad);
     if (rc) {
         rdma_fail(c, ECONNABORTED, "rdmasock: RDMA post failed: %s", strerror(rc));
@@ -212,7 +208,6 @@ static int post_locked(rs_conn *c)
 static void push_own_locked(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    r->n_pushes++;
     add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)r->own, sizeof *r->own, r->p.lkey_own,
                   r->p.raddr_mirror, r->p.rkey_mirror, 0, 0);
 }
@@ -246,7 +241,6 @@ static int sync_peer(rs_conn *c)
     add_wr_locked(r, IBV_WR_RDMA_READ, (uint64_t)(uintptr_t)r->sync, sizeof *r->sync, r->p.lkey_sync,
                   r->p.raddr_words, r->p.rkey_words, 1, 1);
     uint64_t target = r->posted;
-    r->n_syncs++;
     int rc = post_locked(c);
     pthread_mutex_unlock(&r->lock);
     if (rc < 0) return -1;
@@ -349,15 +343,6 @@ void rs_rdma_free(rs_conn *c)
     pthread_mutex_destroy(&c->rdma->lock);
     free(c->rdma);
     c->rdma = NULL;
-}
-
-void rs_rdma_stats(rs_conn *c, uint64_t *out4)
-{
-    struct rs_rdma *r = c->rdma;
-    out4[0] = r ? r->n_posts : 0;
-    out4[1] = r ? r->n_inline : 0;
-    out4[2] = r ? r->n_syncs : 0;
-    out4[3] = r ? r->n_pushes : 0;
 }
 
 /* Producer: one RDMA WRITE per record written since the last call (a WRAP record is one

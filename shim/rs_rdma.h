@@ -64,5 +64,4 @@ int      rs_rdma_go_idle(struct rs_conn *c);
 void     rs_rdma_drain(struct rs_conn *c);
 int      rs_rdma_quiesce(struct rs_conn *c, int timeout_ms);
 void     rs_rdma_free(struct rs_conn *c);
-void     rs_rdma_stats(struct rs_conn *c, uint64_t *out4);
 #endif

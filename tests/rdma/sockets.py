@@ -23,6 +23,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from common import recv_exact  # noqa: E402
+
 PY = sys.executable
 PORT = 18700
 
@@ -37,16 +39,6 @@ def log(msg):
 
 def prng_stream(seed, n):
     return random.Random(seed).randbytes(n)
-
-
-def recv_exact(s, n):
-    buf = bytearray()
-    while len(buf) < n:
-        d = s.recv(n - len(buf))
-        if not d:
-            raise EOFError("EOF after %d of %d bytes" % (len(buf), n))
-        buf += d
-    return bytes(buf)
 
 
 def send_random_writes(s, blob, seed):
@@ -148,9 +140,8 @@ def role_streamer(host, port, seconds):
     result(**out)
 
 
-def role_sink(bind, port, idle):
-    """Accepts one connection; checks what arrives is an exact prefix of the seeded stream.
-    With idle, just waits in recv (nothing is sent) and reports how the wait ended."""
+def role_sink(bind, port):
+    """Accepts one connection; checks what arrives is an exact prefix of the seeded stream."""
     import rdmasock
     srv = rdmasock.create_server((bind, port))
     print("LISTENING", flush=True)
@@ -436,7 +427,7 @@ def main():
     if cmd == "_streamer":
         return role_streamer(a[0], int(a[1]), float(a[2]))
     if cmd == "_sink":
-        return role_sink(a[0], int(a[1]), False)
+        return role_sink(a[0], int(a[1]))
     if cmd == "_waiter":
         return role_waiter(a[0], int(a[1]))
     ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "link_down": case_link_down,
