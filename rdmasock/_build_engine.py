@@ -21,6 +21,7 @@ void rse_plain(int fd, int reason);
 int rse_ready(void);
 int rse_step(int handle, int wait_ms, uintptr_t *out);
 void rse_release(uintptr_t conn);
+void rse_fell_back(int fd, int role, uintptr_t conn);
 """
 
 BOOT_C = r"""
@@ -149,6 +150,10 @@ def rse_plain(fd, reason):
 @ffi.def_extern(onerror=_quiet)
 def rse_release(conn):
     _engine.release(conn)
+
+@ffi.def_extern(onerror=_quiet)
+def rse_fell_back(fd, role, conn):
+    _engine.fell_back(fd, role, conn)
 
 @ffi.def_extern(error=-71, onerror=_quiet)      # -EPROTO: the connection reports an error
 def rse_step(handle, wait_ms, out):

@@ -6,7 +6,7 @@ import cffi
 
 SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
            "shim/rs_preamble.c",
-           "shim/rs_rdma.c"]
+           "shim/rs_rdma.c", "shim/rs_fallback.c"]
 
 CDEF = """
 typedef struct rs_conn {
@@ -24,6 +24,8 @@ typedef struct rs_conn {
     uint8_t rx_pre;
     uint32_t pre_left;
     int err;
+    uint8_t fb;
+    uint8_t fb_done;
     uint64_t stat_bells_sent;
     uint64_t stat_sleeps;
     uint64_t stat_records_tx;

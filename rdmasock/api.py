@@ -75,6 +75,12 @@ class socket(_base):
                 self._drive(None)
             except OSError:
                 pass
+        c = self._conn
+        if c is not None and c.fb and self._transport == "rdma":
+            # RDMA failed mid-stream and the connection went on over TCP (shim/rs_fallback.c)
+            why = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")
+            self._transport, self._reason = "tcp", "rdma_failed"
+            self._log(getattr(self, "_role", "-"), detail=why)
         return self._transport
 
     @transport.setter
@@ -84,8 +90,7 @@ class socket(_base):
     @property
     def fallback_reason(self):
         """None, or the reason code (rdmasock.reasons) why this connection is plain TCP."""
-        if self._hs is not None:
-            self.transport
+        self.transport
         return self._reason
 
     @fallback_reason.setter
@@ -127,12 +132,13 @@ class socket(_base):
             msg = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")    # says which failure
         raise OSError(e, msg) if e not in _ERRCLS else _ERRCLS[e](e, msg)
 
-    def _log(self, role):
+    def _log(self, role, detail=None):
         try:
             local, peer = self.getsockname(), self.getpeername()
         except OSError:
             local, peer = None, None
-        log.connection(role, local, peer, self._transport, self._reason)
+        reason = self._reason if detail is None else "%s (%s)" % (self._reason, detail)
+        log.connection(role, local, peer, self._transport, reason)
 
     def _settle(self, outcome, role):
         """The handshake ended: switch to the ring or stay on TCP, then flush."""
@@ -140,6 +146,7 @@ class socket(_base):
         h.close()
         self.transport = outcome.transport
         self.fallback_reason = outcome.reason
+        self._role = role
         self._log(role)
 
     def _drive(self, deadline):

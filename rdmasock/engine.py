@@ -215,6 +215,17 @@ def release(conn_addr):
     transport_rdma.release(conn_addr)
 
 
+def fell_back(fd, role, conn_addr):
+    """An rdma connection's transport failed mid-stream and it went on over TCP."""
+    from ._native import ffi as nffi, lib as nlib
+    why = nffi.string(nlib.rs_conn_errmsg(nffi.cast("rs_conn *", conn_addr))).decode(errors="replace")
+    s = AppSocket(fd)
+    try:
+        _log("client" if role == 1 else "server", s, "tcp", "rdma_failed (%s)" % why)
+    finally:
+        s.close()
+
+
 def internal_error(exc, val, tb):
     """An exception escaped the engine: the connection falls back or reports EPROTO;
     the traceback goes to the log file (if any), never to the program's stderr."""

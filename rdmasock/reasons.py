@@ -22,7 +22,7 @@ REASONS = {
     16: ("memlock", "the locked-memory limit (ulimit -l) is too low to register the rings"),
     17: ("rdma_setup_failed", "creating the RDMA queue pair or memory regions failed"),
     18: ("rdma_connect_failed", "the peers' RDMA parameters did not fit or the queue pair did not connect"),
-    19: ("rdma_failed", "the RDMA transport failed mid-stream: the connection ended with an error"),
+    19: ("rdma_failed", "the RDMA transport failed mid-stream: the connection went on over TCP"),
 }
 
 # RdmaUnavailable.reason (rdmasock.devices, rdma_setup, transport_rdma) -> reason code name

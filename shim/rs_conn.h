@@ -7,6 +7,7 @@
  */
 #ifndef RS_CONN_H
 #define RS_CONN_H
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include "rs_wire.h"
@@ -49,6 +50,23 @@ struct rs_conn {
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
     uint32_t suspect_lw, suspect_footer;
     char     errmsg[RS_ERRMSG_LEN];
+
+    /* rdma transport failed mid-stream: both directions go on over the TCP socket
+     * (rs_fallback.c).  tx_lock (rdma only) makes a producing thread and a thread that
+     * starts the fallback take turns on the transmit state. */
+    uint8_t  fb;              /* set once, by whichever side noticed the failure first */
+    uint8_t  fb_tx;           /* transmit: 0 ring, 1 RESYNC frame and resend pending, 2 plain TCP */
+    uint8_t  fb_rx;           /* receive: 0 ring, 1 doorbells before the frame, 2 frame, 3 repeat, 4 plain TCP */
+    uint8_t  fb_done;         /* both directions plain TCP: the kernel socket tells readiness */
+    uint8_t  fb_shut_pending; /* FIN to send as a TCP half-close once the resend is out */
+    uint8_t  fb_out_len, fb_out_sent, fb_in_got;
+    uint8_t  fb_out[16], fb_in[16];  /* our RESYNC frame, the peer's */
+    uint32_t fb_resend_off;   /* payload bytes of the record at fb_resend_pos already resent */
+    uint64_t fb_resend_pos, fb_resend_end;   /* shadow ring positions still to resend */
+    uint64_t fb_skip;         /* bytes the peer repeats that we already delivered */
+    uint8_t  tx_locking;      /* rdma: the two locks below are initialised */
+    pthread_mutex_t tx_lock;  /* transmit state, between a producing thread and rs_fb_kick */
+    pthread_mutex_t rx_lock;  /* the socket's read side while doorbells turn into stream bytes */
 
     /* tuning */
     uint32_t spin_ns;         /* busy-poll budget before sleeping in the kernel (maximum) */
@@ -111,6 +129,20 @@ void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 int      rs_tx_arm_credit(rs_conn *c);
 void     rs_relax(void);
+
+/* rs_fallback.c */
+void     rs_fb_begin(rs_conn *c);
+void     rs_fb_kick(rs_conn *c);
+ssize_t  rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
+ssize_t  rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+int      rs_fb_rx_ready(rs_conn *c);
+int      rs_fb_tx_writable(rs_conn *c);
+int      rs_fb_tx_pending(rs_conn *c);
+int      rs_fb_finish_tx(rs_conn *c, int timeout_ms);
+void     rs_fb_shutdown(rs_conn *c);
+long     rs_fb_rx_available(rs_conn *c);
+void     rs_tx_lock(rs_conn *c);
+void     rs_tx_unlock(rs_conn *c);
 
 /* rs_shm.c */
 int      rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);

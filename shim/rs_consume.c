@@ -25,6 +25,7 @@ static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(
 static int confirmed_corrupt(rs_conn *c, const struct cursor *cur, uint32_t lw, uint32_t f)
 {
     if (!c->rdma) return 1;
+    if (c->fb) return 0;        /* a WRITE cut short by the failure: the resend has the record */
     uint64_t now = rs_now_ns();
     if (c->suspect_pos != cur->pos + 1 || c->suspect_lw != lw || c->suspect_footer != f) {
         c->suspect_pos = cur->pos + 1;
@@ -98,6 +99,7 @@ void rs_rx_publish_credit(rs_conn *c, int force)
 /* Copies up to len payload bytes out of the ring.  With peek, nothing is consumed. */
 size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 {
+    if (c->fb_rx) return 0;                     /* the ring is done (rs_fallback.c) */
     struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
     size_t got = 0;
     int fin = 0;
@@ -143,10 +145,12 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 int rs_rx_ready(rs_conn *c)
 {
     if (c->rx_pre || !c->rx_ring) return 0;        /* the kernel socket tells */
+    if (c->fb_rx) return rs_fb_rx_ready(c);
     if (c->rx_cur_len || c->fin_seen || c->err) return 1;
     uint8_t dummy;
     rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
     if (c->rx_cur_len || c->fin_seen || c->err) return 1;
+    if (c->fb) return rs_fb_rx_ready(c);        /* the ring has nothing more: the socket has the rest */
     return 0;
 }
 
@@ -180,6 +184,7 @@ static ssize_t pre_available(rs_conn *c)
 uint64_t rs_rx_produced(rs_conn *c)
 {
     if (!c->rx_ring) return 0;
+    if (c->fb_rx) return c->rx_bytes + (uint64_t)rs_fb_rx_available(c);
     if (c->rdma) return c->rx_bytes + (uint64_t)ring_available(c);
     return __atomic_load_n(&c->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
 }
@@ -188,6 +193,7 @@ ssize_t rs_rx_available(rs_conn *c)
 {
     if (c->rx_pre) return pre_available(c);
     if (!c->rx_ring) return 0;
+    if (c->fb_rx) return rs_fb_rx_available(c);
     return ring_available(c);
 }
 
@@ -280,6 +286,18 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         if (c->fin_seen) return (ssize_t)got;
         if (c->err) return got ? (ssize_t)got : -c->err;
+        if (c->fb && !c->rx_cur_len) {
+            /* RDMA failed and the ring has nothing more: the rest comes over TCP */
+            if (peek && got) return (ssize_t)got;
+            int left = timeout_ms;
+            if (deadline) {
+                uint64_t now = rs_now_ns();
+                left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u + 1);
+            }
+            ssize_t r = rs_fb_recv(c, (uint8_t *)buf + got, len - got, flags, nonblock ? 0 : left);
+            if (r < 0) return got ? (ssize_t)got : r;
+            return (ssize_t)got + r;
+        }
         if (c->tcp_eof) {
             /* The peer's process is gone.  Whatever it wrote before is in the ring. */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);

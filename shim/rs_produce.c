@@ -50,6 +50,7 @@ static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32
 static int peer_gone(rs_conn *c)
 {
     if (c->rdma && !c->err) rs_rdma_drain(c);
+    if (c->fb && !c->err) return -EAGAIN;       /* a RESYNC frame came first: rs_send goes on by TCP */
     return c->err ? -c->err : -EPIPE;
 }
 
@@ -66,6 +67,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         if (c->err) return -c->err;
+        if (c->fb) return -EAGAIN;              /* rs_send goes on by TCP */
         if (c->tcp_eof) return peer_gone(c);
         uint64_t now = rs_now_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
@@ -79,13 +81,34 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         nanosleep(&ts, NULL);
         if (backoff_us < 1000) backoff_us *= 2;
         if (!c->tcp_eof) {
-            struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
-            if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
+            struct pollfd p = { .fd = c->fd, .events = POLLRDHUP | POLLIN };
+            if (rs_sys_poll(&p, 1, 0) > 0) {
+                if (c->rdma && (p.revents & POLLIN)) rs_rdma_check_peer(c);   /* a RESYNC frame? */
+                if (!c->fb && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
+            }
         }
     }
 }
 
+static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
+
+/* rdma: the transmit state is the producing thread's, under tx_lock, so a thread that finds
+ * the transport failed can take the direction over to TCP (rs_fallback.c) in between. */
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
+{
+    if (c->err) return -c->err;
+    if (!c->rdma) return ring_send(c, buf, len, nonblock, timeout_ms);
+    if (c->fb) return rs_fb_send(c, buf, len, nonblock, timeout_ms);
+    rs_tx_lock(c);
+    ssize_t r = c->fb ? -EAGAIN : ring_send(c, buf, len, nonblock, timeout_ms);
+    rs_tx_unlock(c);
+    if (!c->fb || c->err) return r;
+    rs_fb_kick(c);
+    if (r > 0) return r;                        /* in the shadow ring: part of the resend */
+    return rs_fb_send(c, buf, len, nonblock, timeout_ms);
+}
+
+static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
 {
     const uint8_t *src = buf;
     size_t sent = 0;
@@ -127,6 +150,7 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
                 break;
             }
             int r = wait_credit(c, need, deadline);
+            if (c->fb) break;                   /* sent so far is in the resend; rs_send goes on */
             if (r < 0) {
                 if (sent) break;
                 return r;
@@ -154,17 +178,24 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
 int rs_send_fin(rs_conn *c)
 {
     if (c->fin_sent) return 0;
+    rs_tx_lock(c);
     c->fin_sent = 1;
-    if (c->err) return -c->err;
-    put_record(c, RS_LEN_FIN, NULL, 0);
-    rs_tx_flush_bell(c);
-    return 0;
+    int r = c->err ? -c->err : 0;
+    if (!r && c->fb) rs_fb_shutdown(c);         /* a TCP half-close after the resend */
+    else if (!r) {
+        put_record(c, RS_LEN_FIN, NULL, 0);
+        rs_tx_flush_bell(c);
+    }
+    rs_tx_unlock(c);
+    return r;
 }
 
 /* 1 if a write of at least one small record would not block. */
 int rs_tx_writable(rs_conn *c)
 {
-    if (c->err || c->fin_sent || c->tcp_eof) return 1;   /* the write reports the error */
+    if (c->err || c->fin_sent) return 1;                 /* the write reports the error */
+    if (c->fb) return rs_fb_tx_writable(c);
+    if (c->tcp_eof) return 1;
     refresh_credit(c);
     return tx_free(c) >= 2u * RS_KEEP_WHOLE + 16;
 }

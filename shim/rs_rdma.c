@@ -69,6 +69,8 @@ int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
 void rs_rdma_drain(rs_conn *c) { (void)c; }
 void rs_rdma_free(rs_conn *c) { (void)c; }
 int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
+void rs_rdma_silence(rs_conn *c) { (void)c; }
+void rs_rdma_check_peer(rs_conn *c) { (void)c; }
 
 #else
 
@@ -88,6 +90,7 @@ struct rs_rdma {
     uint8_t  data_armed;         /* consumer: a sync proved the producer rings for the next record */
     uint8_t  credit_armed;       /* producer: likewise for credit */
     uint8_t  failed;
+    uint8_t  silent;             /* a RESYNC frame is going out: no more doorbell bytes */
     struct ibv_send_wr wr[BATCH];
     struct ibv_sge sge[BATCH];
     int nwr;
@@ -114,8 +117,9 @@ static const char *wc_status_text(int s)
     }
 }
 
-/* The connection cannot go on: a sticky error for our side, and a failure byte on the TCP
- * socket so the peer's next wait ends with an error too rather than with a silent EOF. */
+/* RDMA cannot go on.  With the TCP socket still up, the connection moves to it
+ * (rs_fallback.c) and the message stays as the reason; otherwise it is a sticky error.
+ * Any thread, r->lock possibly held: this only sets flags. */
 static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
 {
     struct rs_rdma *r = c->rdma;
@@ -126,10 +130,27 @@ static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
     va_end(ap);
     if (r->failed) return;
     r->failed = 1;
-    __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);
-    rs_conn_set_error(c, err, "%s", msg);
-    uint8_t b = RS_BELL_FAIL;
-    rs_sys_send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);     /* a peer's READ sees it */
+    if (c->tcp_eof || c->err) { rs_conn_set_error(c, err, "%s", msg); return; }
+    if (!c->fb) snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    rs_fb_begin(c);
+}
+
+/* The peer's RESYNC frame is on the socket: its transport failed, ours moves too. */
+static void peer_failed(rs_conn *c)
+{
+    rdma_fail(c, ECONNRESET, "rdmasock: the peer's RDMA transport failed");
+}
+
+/* Our doorbells stop for good before a RESYNC frame (rs_fallback.c) goes out. */
+void rs_rdma_silence(rs_conn *c)
+{
+    struct rs_rdma *r = c->rdma;
+    if (!r) return;
+    pthread_mutex_lock(&r->lock);
+    r->silent = 1;
+    r->failed = 1;
+    pthread_mutex_unlock(&r->lock);
 }
 
 /* Caller holds r->lock. */
@@ -262,8 +283,7 @@ static int sync_peer(rs_conn *c)
         if (now - start > 20000) sched_yield(); else rs_relax();
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&r->sync->failed, __ATOMIC_RELAXED))
-        rdma_fail(c, ECONNRESET, "rdmasock: the peer's RDMA transport failed");
+    if (__atomic_load_n(&r->sync->failed, __ATOMIC_RELAXED)) peer_failed(c);
     return r->failed ? -1 : 0;
 }
 
@@ -306,6 +326,9 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     r->sync = (struct rs_rdma_words *)(b + RS_RDMA_OFF_SYNC);
     r->sig_every = p->sq_depth / 4;
     pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&c->tx_lock, NULL);
+    pthread_mutex_init(&c->rx_lock, NULL);
+    c->tx_locking = 1;
     c->rdma = r;
     return c;
 }
@@ -316,6 +339,7 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
 {
     struct rs_rdma *r = c->rdma;
     if (!r) return 0;
+    if (c->fb) return rs_fb_finish_tx(c, timeout_ms);   /* the resend goes by TCP */
     rs_rdma_post_records(c);
     pthread_mutex_lock(&r->lock);
     if (!r->failed && r->posted > r->completed && r->since_sig && ensure_room_locked(c, 1) == 0) {
@@ -341,6 +365,9 @@ void rs_rdma_free(rs_conn *c)
 {
     if (!c->rdma) return;
     pthread_mutex_destroy(&c->rdma->lock);
+    pthread_mutex_destroy(&c->tx_lock);
+    pthread_mutex_destroy(&c->rx_lock);
+    c->tx_locking = 0;
     free(c->rdma);
     c->rdma = NULL;
 }
@@ -372,7 +399,10 @@ void rs_rdma_post_records(rs_conn *c)
  * the answer (on EAGAIN the next chance tries again). */
 static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
 {
-    long n = rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    struct rs_rdma *r = c->rdma;
+    pthread_mutex_lock(&r->lock);                     /* never after a RESYNC frame's first byte */
+    long n = r->silent ? 0 : rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    pthread_mutex_unlock(&r->lock);
     if (n == 1) {
         *answered = seq;
         __atomic_fetch_add(&c->rdma->own->bells_sent, 1, __ATOMIC_RELAXED);
@@ -403,6 +433,7 @@ void rs_rdma_refresh_credit(rs_conn *c)
 int rs_rdma_arm_credit(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
+    if (c->fb) return rs_fb_tx_writable(c);
     rs_rdma_refresh_credit(c);
     if (r->credit_armed) check_cq(c);                 /* a producer that only waits notices failures */
     if (r->credit_armed || r->failed) return 0;
@@ -434,31 +465,52 @@ void rs_rdma_publish_credit(rs_conn *c, int force)
     answer(c, RS_BELL_CREDIT, &r->credit_answered, tw);
 }
 
-/* Reads every doorbell byte that is there (in this transport the TCP stream carries
- * nothing else after the handshake); a drained bell disarms what it answered. */
+/* Reads the doorbell bytes that are there, up to a RESYNC frame: that and what follows
+ * are the stream, for rs_fallback.c.  A drained bell disarms what it answered.  Peeks
+ * first and takes exactly the bells seen, under rx_lock, so two threads never split a
+ * frame between them. */
 void rs_rdma_drain(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
-    for (int i = 0; i < 64; i++) {          /* also after EOF: a failure byte may precede it */
-        long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n == -ECONNRESET)           /* a reset discards what was queued, a failure byte too */
+    if (c->fb_rx) return;
+    pthread_mutex_lock(&c->rx_lock);
+    for (int i = 0; i < 64 && !c->fb_rx; i++) {     /* also after EOF: a frame may precede it */
+        long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+        if (n == -ECONNRESET)           /* a reset discards what was queued, a frame too */
             rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer reset the connection "
                               "(its process or its RDMA transport failed)");
         if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
         if (n < 0) break;
-        for (long k = 0; k < n; k++) {
+        long k = 0;
+        for (; k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT); k++) {
             if (buf[k] == RS_BELL_DATA) r->data_armed = 0;
-            else if (buf[k] == RS_BELL_CREDIT) r->credit_armed = 0;
-            else if (buf[k] == RS_BELL_FAIL) {
-                r->failed = 1;
-                rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer's RDMA transport failed");
-            } else {
-                rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[k]);
-            }
+            else r->credit_armed = 0;
         }
-        c->bells_drained += (uint64_t)n;
+        if (k) {
+            rs_sys_recv(c->fd, buf, (size_t)k, MSG_DONTWAIT);
+            c->bells_drained += (uint64_t)k;
+        }
+        if (k < n) {
+            if (buf[k] == RS_BELL_RESYNC) peer_failed(c);
+            else rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[k]);
+            break;
+        }
         if ((size_t)n < sizeof buf) break;
+    }
+    pthread_mutex_unlock(&c->rx_lock);
+}
+
+/* A producer that only waits for credit looks at the socket without taking anything:
+ * a RESYNC frame behind the doorbells means the peer moved to TCP. */
+void rs_rdma_check_peer(rs_conn *c)
+{
+    uint8_t buf[64];
+    if (c->fb || !c->rdma) return;
+    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    for (long k = 0; k < n; k++) {
+        if (buf[k] == RS_BELL_RESYNC) { peer_failed(c); return; }
+        if (buf[k] != RS_BELL_DATA && buf[k] != RS_BELL_CREDIT) return;
     }
 }
 
@@ -466,15 +518,18 @@ void rs_rdma_drain(rs_conn *c)
 int rs_rdma_go_idle(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
+    if (c->fb) return rs_rx_ready(c);                  /* the socket tells (rs_fallback.c) */
     rs_rdma_drain(c);
     if (rs_rx_ready(c)) return 1;
     if (r->data_armed) check_cq(c);                   /* before sleeping: our QP may have failed */
+    if (c->fb) return rs_rx_ready(c);
     if (c->err || c->tcp_eof || r->data_armed) return 0;
     rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
     __atomic_fetch_add(&r->own->want_seq, 1, __ATOMIC_SEQ_CST);
-    if (sync_peer(c) < 0) return 0;
+    if (sync_peer(c) < 0) return c->fb ? rs_rx_ready(c) : 0;
     take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     uint64_t posted = __atomic_load_n(&r->sync->tx_seq, __ATOMIC_ACQUIRE);
+    if (c->fb) return rs_rx_ready(c);
     if (posted <= c->rx_seq) { r->data_armed = 1; return 0; }
     /* Records are posted but still on the wire: they land within a round trip. */
     uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
@@ -483,7 +538,7 @@ int rs_rdma_go_idle(rs_conn *c)
         if (now > deadline) {
             rdma_fail(c, ETIMEDOUT, "rdmasock: records the peer posted did not arrive within %u ms",
                       r->p.sync_timeout_ms);
-            return 0;
+            return c->fb ? rs_rx_ready(c) : 0;
         }
         if (now - start > 20000) sched_yield(); else rs_relax();
     }

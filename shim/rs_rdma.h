@@ -64,4 +64,6 @@ int      rs_rdma_go_idle(struct rs_conn *c);
 void     rs_rdma_drain(struct rs_conn *c);
 int      rs_rdma_quiesce(struct rs_conn *c, int timeout_ms);
 void     rs_rdma_free(struct rs_conn *c);
+void     rs_rdma_silence(struct rs_conn *c);
+void     rs_rdma_check_peer(struct rs_conn *c);
 #endif

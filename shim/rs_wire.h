@@ -29,7 +29,10 @@
 
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */
 #define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
-#define RS_BELL_FAIL       0xE5u                /* the sender's transport failed: the connection is lost */
+#define RS_BELL_RESYNC     0xE5u                /* first byte of a RESYNC frame: the rest of the stream is TCP */
+#define RS_RESYNC_LEN      16u                  /* u8 0xE5, u8 version 1, u16 0, u32 check, u64 resume offset */
+#define RS_RESYNC_VERSION  1u
+#define RS_RESYNC_TAG      0xE5E5E5E5u          /* lenword given to rs_footer for the frame's check */
 
 /* Total ring bytes a record with this lenword occupies. */
 static inline uint32_t rs_rec_size(uint32_t lenword)

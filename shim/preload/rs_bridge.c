@@ -30,6 +30,7 @@ static struct {
     int (*ready)(void);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
     void (*release)(uintptr_t);          /* before rs_conn_free of an rdma connection */
+    void (*fell_back)(int, int, uintptr_t);   /* an rdma connection went on over TCP (log) */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -82,8 +83,9 @@ static void engine_load(void)
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
     SYM(drop, "rse_drop"); SYM(step, "rse_step");
     SYM(plain, "rse_plain"); SYM(ready, "rse_ready"); SYM(release, "rse_release");
+    SYM(fell_back, "rse_fell_back");
     if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.step || !eng.plain || !eng.ready || !eng.release) { log_unusable("engine_incomplete"); return; }
+        !eng.drop || !eng.step || !eng.plain || !eng.ready || !eng.release || !eng.fell_back) { log_unusable("engine_incomplete"); return; }
     if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
     if (!eng.ready()) { log_unusable("engine_import_failed"); return; }
     eng_state = 1;
@@ -129,6 +131,16 @@ void rs_br_conn_free(rs_conn *c, int forked)
     if (c && c->rdma && !forked) rs_rdma_drain(c);     /* unread bells would make close send RST */
     if (c && c->rdma && !forked && rs_engine_loaded()) CALL(eng.release((uintptr_t)c));
     rs_conn_free(c);
+}
+
+/* An rdma connection's transport failed and it goes on over TCP: `rdmasock stat` shows
+ * transport tcp with reason rdma_failed, and the log says why (once per connection). */
+void rs_note_fallback(struct rs_link *l)
+{
+    if (!l->stat || l->stat->transport == 0) return;
+    l->stat->transport = 0;
+    l->stat->reason = RS_REASON_RDMA_FAILED;
+    if (rs_engine_loaded()) CALL(eng.fell_back(l->conn->fd, l->stat->role, (uintptr_t)l->conn));
 }
 
 /* Engine step results (rdmasock/engine.py) */

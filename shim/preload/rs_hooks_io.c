@@ -75,6 +75,7 @@ static ssize_t do_recv(int fd, struct rs_link *l, void *buf, size_t n, int flags
     int nb = l->nonblock || (flags & MSG_DONTWAIT);
     ssize_t r = rs_recv(l->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT), nb ? 0 : -1);
     if (s == RS_PRE_RX && !l->conn->rx_pre) end_preamble(l);
+    else if (__builtin_expect(l->conn->fb, 0)) rs_note_fallback(l);
     if (r < 0) { errno = (int)-r; return -1; }
     if (l->stat && !(flags & MSG_PEEK)) l->stat->rx_bytes += (uint64_t)r;
     return r;
@@ -115,7 +116,10 @@ static ssize_t do_send(int fd, struct rs_link *l, const void *buf, size_t n, int
     ssize_t r = 0;
     if (s == RS_CLIENT_HS) r = send_preamble(fd, l, buf, n, nb, &s);
     if (s == RS_BROKEN) { errno = l->err; return -1; }
-    if (s == RS_RING) r = rs_send(l->conn, buf, n, nb, -1);
+    if (s == RS_RING) {
+        r = rs_send(l->conn, buf, n, nb, -1);
+        if (__builtin_expect(l->conn->fb, 0)) rs_note_fallback(l);
+    }
     else if (s != RS_CLIENT_HS) { *plain = 1; return 0; }
     if (r < 0) {
         if (r == -EPIPE) sigpipe_unless(flags);

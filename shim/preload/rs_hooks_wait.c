@@ -44,7 +44,8 @@ __attribute__((constructor)) static void wait_init(void)
 static inline struct rs_link *ring_link(int fd)
 {
     struct rs_link *l = rs_link_of(fd);
-    return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING && !l->conn->rx_pre ? l : NULL;
+    return l && !rs_in_engine && __atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == RS_RING && !l->conn->rx_pre &&
+           !__atomic_load_n(&l->conn->fb_done, __ATOMIC_ACQUIRE) ? l : NULL;   /* fb_done: plain TCP again */
 }
 
 /* Handshake, or a server still expecting the client's SWITCH: bytes on the kernel socket
@@ -163,6 +164,8 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
             uint64_t t = now_ns();
             ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
         }
+        for (nfds_t i = 0; i < n; i++)      /* a resend after an RDMA failure must get out */
+            if (links[i]) fds[i].events = POLLIN | POLLRDHUP | (rs_fb_tx_pending(links[i]->conn) ? POLLOUT : 0);
         r = kernel_poll(fds, n, ms, mask);
         if (r < 0) goto out;
         r = collect(fds, n, links, want);
@@ -512,6 +515,11 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
             if (l && arm(l->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0))) ready = 1;
         }
         int n = ready ? ep_from_rings(epfd, s, ev, 0, max) : 0;
+        int resend = 0;                  /* a resend after an RDMA failure: push it now and then */
+        for (int i = 0; i < s->n && !n; i++) {
+            struct rs_link *l = ring_link(s->m[i].fd);
+            if (l && rs_fb_tx_pending(l->conn)) { rs_fb_kick(l->conn); resend = 1; }
+        }
         pthread_mutex_unlock(&ep_lock);
         if (n) return n;
         int ms = -1;
@@ -519,6 +527,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
             uint64_t t = now_ns();
             ms = t >= deadline ? 0 : (int)((deadline - t + 999999u) / 1000000u);
         }
+        if (resend && (ms < 0 || ms > 10)) ms = 10;
         int k = mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
         if (k <= 0) return k;
         pthread_mutex_lock(&ep_lock);

@@ -132,6 +132,8 @@ int  rs_br_accept(int lfd, int fd);
 void rs_br_drop(int handle);
 void rs_br_plain(int fd, int reason);
 void rs_br_conn_free(rs_conn *c, int forked);
+#define RS_REASON_RDMA_FAILED 19   /* rdmasock/reasons.py */
+void rs_note_fallback(struct rs_link *l);
 /* Advances the handshake of fd's link.  Returns 1 when it is over (state updated),
  * 0 still pending, -1 with errno set. */
 int  rs_step(int fd, struct rs_link *l, int wait_ms);

@@ -14,6 +14,11 @@ shm is impossible between namespaces, so rdma must be chosen on its own merits.
                         pgbench -T 5 -c 2 -j 2 (0 failed transactions, tps > 0)
     programs.py curl    /usr/bin/python3 -m http.server in rs-h1, curl in rs-h2 fetches a
                         100 MB file (sha256 equal)
+    programs.py curl --link-down-at MB
+                        the same, and once curl has MB of the file the RoCE link of rs-h1
+                        goes down (TCP stays): the transfer goes on over TCP, sha256 equal,
+                        and both sides log the connection again as transport=tcp
+                        reason=rdma_failed
 
 Both check, from each side's RDMASOCK_LOG_FILE, that every connection of both sides used
 transport=rdma (never shm, never tcp) and that client and server lines pair up, and count the
@@ -421,16 +426,23 @@ def do_curl(a):
         say("http.server listening (pid %d)" % srv.pid)
         rx0 = roce_rx()
         t = time.monotonic()
-        run(preloaded(h2, server_addr, clog, ["curl", "-sS", "--fail", "--max-time", str(a.max_time), "-o", dst,
-                                              "http://%s/f.bin" % server_addr]),
-            a.max_time + 30, what="curl %d MB" % a.mb)
+        curl = preloaded(h2, server_addr, clog, ["curl", "-sS", "--fail", "--max-time", str(a.max_time), "-o", dst,
+                                                 "http://%s/f.bin" % server_addr])
+        if a.link_down_at:
+            fetch_with_link_down(curl, dst, a)
+        else:
+            run(curl, a.max_time + 30, what="curl %d MB" % a.mb)
         dt = time.monotonic() - t
         check(os.path.getsize(dst) == a.mb << 20, "curl got %d bytes, expected %d" % (os.path.getsize(dst), a.mb << 20))
         h_dst = sha256_file(dst)
         check(h_dst == h_src, "sha256 differs: served %s, received %s" % (h_src, h_dst))
         say("curl: %d MB in %.1f s (%.1f MB/s guest time), sha256 %s equal" % (a.mb, dt, a.mb / dt, h_src[:16]))
-        pkts = check_roce(rx0, (a.mb << 20) // 4096)     # at least one packet per 4 KiB (the largest MTU)
-        conns = check_rdma_log(slog, clog, server_addr, 1)
+        if a.link_down_at:
+            pkts = check_roce(rx0, (a.link_down_at << 20) // 4096)
+            conns = check_fallback_log(slog, clog)
+        else:
+            pkts = check_roce(rx0, (a.mb << 20) // 4096)     # at least one packet per 4 KiB (the largest MTU)
+            conns = check_rdma_log(slog, clog, server_addr, 1)
     except Exception:
         try:
             with open(os.path.join(workdir, "http.log"), errors="replace") as f:
@@ -443,8 +455,46 @@ def do_curl(a):
             stop_pid(srv, signal.SIGTERM, 10)
             say("http.server stopped (status %s)" % srv.returncode)
     shutil.rmtree(workdir, ignore_errors=True)
-    print("PASS curl: %d MB, %d connection(s) over rdma, %d RoCE packets, %.1f s"
-          % (a.mb, conns, pkts, time.monotonic() - T0), flush=True)
+    print("PASS curl: %d MB, %d connection(s) over rdma%s, %d RoCE packets, %.1f s"
+          % (a.mb, conns, ", RoCE link down at %d MB: went on over TCP" % a.link_down_at if a.link_down_at else "",
+             pkts, time.monotonic() - T0), flush=True)
+
+
+def fetch_with_link_down(curl, dst, a):
+    """Runs curl; once dst holds a.link_down_at MB, rs-h1's RoCE veth goes down (TCP is on
+    another veth pair and stays up).  The link comes back up whatever happens."""
+    t = time.monotonic()
+    p = subprocess.Popen(curl, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=base_env(), start_new_session=True)
+    try:
+        size = lambda: os.path.getsize(dst) if os.path.exists(dst) else 0
+        wait_for(lambda: size() >= a.link_down_at << 20 or p.poll() is not None, 120, "curl's first MB", p)
+        check(p.poll() is None, "curl ended before the link went down (%d bytes)" % size())
+        say("curl has %d bytes: ip link set rs-roce1 down (RoCE of rs-h1; TCP stays)" % size())
+        subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
+        out, _ = p.communicate(timeout=bounded(a.max_time + 30))
+    except subprocess.TimeoutExpired:
+        stop_pid(p, signal.SIGKILL, 5)
+        raise Fail("curl did not finish after the link went down")
+    finally:
+        subprocess.run(["ip", "link", "set", "rs-roce1", "up"])
+        if p.poll() is None:
+            stop_pid(p, signal.SIGKILL, 5)
+    say("curl: exit %d in %.1f s" % (p.returncode, time.monotonic() - t))
+    check(p.returncode == 0, "curl failed (exit %d): %s" % (p.returncode, out.decode(errors="replace")[-2000:]))
+
+
+def check_fallback_log(server_log, client_log):
+    """Each side logged the connection over rdma, then once more as tcp with reason
+    rdma_failed (the RDMA path failed mid-stream and the connection went on over TCP)."""
+    srv, cli = read_log(server_log), read_log(client_log)
+    text = "server log:\n%s\nclient log:\n%s" % ("\n".join(l for l, _ in srv), "\n".join(l for l, _ in cli))
+    for name, lines in (("server", srv), ("client", cli)):
+        check(any(f.get("transport") == "rdma" for _, f in lines), "%s: no rdma connection logged\n%s" % (name, text))
+        check(any(f.get("transport") == "tcp" and f.get("reason") == "rdma_failed" for _, f in lines),
+              "%s: no 'transport=tcp reason=rdma_failed' line\n%s" % (name, text))
+    say("log: both sides went from rdma to tcp with reason rdma_failed:\n" + text)
+    return sum(1 for _, f in cli if f.get("transport") == "rdma")
 
 
 def main():
@@ -458,6 +508,8 @@ def main():
     p = sub.add_parser("curl")
     p.add_argument("--mb", type=int, default=100)
     p.add_argument("--max-time", type=int, default=240, help="curl --max-time")
+    p.add_argument("--link-down-at", type=int, default=0, metavar="MB",
+                   help="take the RoCE link of rs-h1 down once curl has this many MB")
     p.add_argument("--budget", type=float, default=320, help="seconds for the whole test before clean-up")
     a = ap.parse_args()
     DEADLINE[0] = T0 + a.budget

@@ -14,6 +14,7 @@ Cases (`--only a,b`):
   device_events  netdev down/up and `rdma link delete` under a streaming QP (VM, root)
   prog_pg        PostgreSQL 15 in rs-h1, psql / \\copy / pgbench from rs-h2, all preloaded, rdma (programs.py, VM)
   prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
+  prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
 """
 import argparse
 import json
@@ -24,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
-CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl",
+CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
          "api_stream", "api_two_hosts", "sock_qp_error", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
          "sock_device_delete"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
@@ -33,7 +34,8 @@ VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_dead_peer": _TWO
            "two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "device_events": "deletes an rdma link: only inside the throw-away VM",
            "prog_pg": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
-           "prog_curl": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"}
+           "prog_curl": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
+           "prog_curl_link_down": "takes a RoCE link down: only inside the throw-away VM"}
 
 
 def run(cmds, timeout, env=None):
@@ -175,6 +177,10 @@ def do_prog_pg():
 
 def do_prog_curl():
     return run([[PY, "programs.py", "curl"]], 400)
+
+
+def do_prog_curl_link_down():
+    return run([[PY, "programs.py", "curl", "--mb", "60", "--link-down-at", "15"]], 400)
 
 
 def main():

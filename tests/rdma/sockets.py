@@ -4,8 +4,10 @@
                                 transport rdma on both sides (never shm), 64 B ping-pong,
                                 a random-size stream each way with SHA-256, EOF both ways,
                                 RoCE packets counted on the veth
-    sockets.py qp_error         the sender's QP forced to ERR mid-stream (one namespace)
-    sockets.py link_down        the RoCE link of rs-h1 goes down mid-stream (two hosts; TCP stays)
+    sockets.py qp_error         the sender's QP forced to ERR mid-stream (one namespace): the
+                                stream goes on over TCP, complete, both sides say rdma_failed
+    sockets.py link_down        the RoCE link of rs-h1 goes down mid-stream (two hosts; TCP
+                                stays): likewise
     sockets.py dead_peer        rs-h1 loses every link while rs-h2 waits in recv: keepalive
     sockets.py device_delete    `rdma link delete rxe-h1` mid-stream, then a new connection
     sockets.py fallback REASON  set-up failures (memlock, no device): plain TCP with REASON
@@ -272,9 +274,11 @@ def case_two_hosts():
     return ok
 
 
-def _stream_fault(two_hosts, action, expect_error=True, settle=3.0, seconds=12):
+def _stream_fault(two_hosts, action, expect="complete", settle=3.0, seconds=12):
     """A streamer sends to a sink; `action()` runs mid-stream.  Checks the sink saw an exact
-    prefix of the stream and how each side ended."""
+    prefix of the stream and how each side ended: expect "complete" (on rdma throughout),
+    "fallback" (complete, and both sides now report tcp with reason rdma_failed) or
+    "error" (both sides failed with an rdmasock error)."""
     if two_hosts:
         ip1 = os.environ["SOFTROCE_H1_IP"]
         sink = Proc(in_ns("1", "_sink", ip1, PORT), ns_env("1"))
@@ -294,11 +298,14 @@ def _stream_fault(two_hosts, action, expect_error=True, settle=3.0, seconds=12):
     ok &= check(a and b, "both roles reported")
     if not ok:
         return False
-    ok &= check(a["transport"] == b["transport"] == "rdma", "transport rdma (%s, %s)" % (a["transport"], b["transport"]))
+    want = ("tcp", "rdma_failed") if expect == "fallback" else ("rdma", None)
+    ok &= check((a["transport"], a["reason"]) == (b["transport"], b["reason"]) == want,
+                "transport and reason %s on both sides (streamer %s/%s, sink %s/%s)"
+                % (want, a["transport"], a["reason"], b["transport"], b["reason"]))
     # `sent` counts whole sendall calls: the one that failed may have delivered part of its 16 KiB
     ok &= check(b["prefix_ok"] and b["got"] <= a["sent"] + 16384,
                 "sink got an exact prefix: %d bytes, %d sent by completed calls" % (b["got"], a["sent"]))
-    if expect_error:
+    if expect == "error":
         ok &= check(a["ended"] == "error" and b["ended"] == "error",
                     "both sides ended with an error: streamer %s (%s) / sink %s (%s)"
                     % (a.get("errno"), a.get("error"), b.get("errno"), b.get("error")))
@@ -315,7 +322,7 @@ def case_qp_error():
     # (RDMASOCK_TEST_QP_ERR_AFTER seconds after connecting).
     os.environ["RDMASOCK_TEST_QP_ERR_AFTER"] = "2"
     try:
-        res = _stream_fault(False, lambda st: None, expect_error=True, settle=0.5, seconds=10)
+        res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=10)
     finally:
         del os.environ["RDMASOCK_TEST_QP_ERR_AFTER"]
     return res[0] if isinstance(res, tuple) else res
@@ -326,7 +333,7 @@ def case_link_down():
         log("ip link set rs-roce1 down (RoCE path of rs-h1; TCP path stays up)")
         subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
     try:
-        res = _stream_fault(True, down, expect_error=True)
+        res = _stream_fault(True, down, expect="fallback")
     finally:
         subprocess.run(["ip", "link", "set", "rs-roce1", "up"])
     return res[0] if isinstance(res, tuple) else res
@@ -339,7 +346,7 @@ def case_device_delete():
         log("rdma link delete rxe-h1 (in the background: it waits for open contexts)")
         box["p"] = subprocess.Popen(["rdma", "link", "delete", "rxe-h1"])
         box["t0"] = time.monotonic()
-    res = _stream_fault(True, delete, expect_error=False, seconds=8)
+    res = _stream_fault(True, delete, expect="complete", seconds=8)
     ok = res[0] if isinstance(res, tuple) else res
     p = box.get("p")
     if p is None:
