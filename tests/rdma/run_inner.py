@@ -26,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
-         "api_stream", "api_two_hosts", "sock_qp_error", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
+         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
          "sock_device_delete"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
 VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_dead_peer": _TWO,
@@ -151,6 +151,14 @@ def do_api_two_hosts():
 
 def do_sock_qp_error():
     return run([[PY, "sockets.py", "qp_error"]], 200, _lo_env())
+
+
+def do_sock_qp_error_duplex():
+    return run([[PY, "sockets.py", "qp_error_duplex"]], 200, _lo_env())
+
+
+def do_sock_bad_resync():
+    return run([[PY, "sockets.py", "bad_resync"]], 200, _lo_env())
 
 
 def do_sock_link_down():

@@ -8,6 +8,15 @@
                                 stream goes on over TCP, complete, both sides say rdma_failed
     sockets.py link_down        the RoCE link of rs-h1 goes down mid-stream (two hosts; TCP
                                 stays): likewise
+    sockets.py qp_error_duplex  an echo server and a client that sends and receives in two
+                                threads; the client's QP forced to ERR mid-stream: everything
+                                echoed back exactly, over TCP after the failure
+    sockets.py bad_resync       bad input on the fallback path, written raw on the peer's TCP
+                                socket: garbage doorbell byte, corrupt RESYNC frame, a resume
+                                offset past what was delivered, the stream ending inside the
+                                frame or inside the resent bytes (each a clear EPROTO, data
+                                before it intact); and a well-formed frame from this "second
+                                implementation" (docs/PROTOCOL.md 9.10) is followed exactly
     sockets.py dead_peer        rs-h1 loses every link while rs-h2 waits in recv: keepalive
     sockets.py device_delete    `rdma link delete rxe-h1` mid-stream, then a new connection
     sockets.py fallback REASON  set-up failures (memlock, no device): plain TCP with REASON
@@ -119,13 +128,7 @@ def role_streamer(host, port, seconds):
     print("CONNECTED", flush=True)
     after = os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER")
     if after:
-        def qp_to_error():
-            import pyverbs.enums as e
-            from rdmasock import rdma_setup, transport_rdma
-            for side in list(transport_rdma._sides.values()):
-                side.ep.qp.modify(rdma_setup.Endpoint._attr(e.IBV_QPS_ERR), e.IBV_QP_STATE)
-            print("QP_ERR", flush=True)
-        threading.Timer(float(after), qp_to_error).start()
+        force_qp_error_after(float(after))
     rnd, sent, end = random.Random(7), 16384, time.monotonic() + seconds
     rnd.randbytes(16384)
     try:
@@ -173,6 +176,98 @@ def role_sink(bind, port):
     out.update(got=got, prefix_ok=ok, seconds=round(time.monotonic() - t0, 1))
     c.close()
     srv.close()
+    result(**out)
+
+
+def force_qp_error_after(seconds):
+    """A QP can only be moved to ERR by its own process: a timer does it to ours."""
+    def qp_to_error():
+        import pyverbs.enums as e
+        from rdmasock import rdma_setup, transport_rdma
+        for side in list(transport_rdma._sides.values()):
+            side.ep.qp.modify(rdma_setup.Endpoint._attr(e.IBV_QPS_ERR), e.IBV_QP_STATE)
+        print("QP_ERR", flush=True)
+    t = threading.Timer(seconds, qp_to_error)
+    t.start()
+    return t
+
+
+def role_echo_server(bind, port):
+    """Echoes everything back until EOF, then closes."""
+    import rdmasock
+    srv = rdmasock.create_server((bind, port))
+    print("LISTENING", flush=True)
+    c, _ = srv.accept()
+    c.settimeout(120)
+    got, out = 0, {"role": "echo"}
+    try:
+        while True:
+            d = c.recv(1 << 16)
+            if not d:
+                break
+            c.sendall(d)
+            got += len(d)
+        c.shutdown(1)
+        out["ended"] = "eof"
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    out.update(got=got, transport=c.transport, reason=c.fallback_reason)
+    c.close()
+    srv.close()
+    result(**out)
+
+
+def role_duplex_client(host, port, seconds):
+    """One thread sends a seeded stream of mixed-size writes, another reads the echo and
+    compares; the QP is forced to ERR mid-stream."""
+    import rdmasock
+    c = rdmasock.create_connection((host, port), timeout=120)
+    c.sendall(b"x" * 100)
+    recv_exact(c, 100)
+    print("CONNECTED", flush=True)
+    timer = force_qp_error_after(float(os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER", "2")))
+    out = {"role": "duplex"}
+    box = {"sent": 100}
+
+    sizes = (1, 9, 200, 1500, 4096, 30000, 70000, 200000)
+
+    def chunks():                       # the writes, in order (randbytes of a sum != sum of randbytes)
+        rnd, data = random.Random(11), random.Random(12)
+        while True:
+            yield data.randbytes(rnd.choice(sizes))
+
+    def sender():
+        end = time.monotonic() + seconds
+        try:
+            for chunk in chunks():
+                if time.monotonic() >= end:
+                    break
+                c.sendall(chunk)
+                box["sent"] += len(chunk)
+            c.shutdown(1)
+        except OSError as exc:
+            box["error"] = str(exc)
+    t = threading.Thread(target=sender)
+    t.start()
+    want, pending, got, ok = chunks(), bytearray(), 0, True
+    try:
+        while True:
+            d = c.recv(1 << 18)
+            if not d:
+                break
+            while len(pending) < len(d):
+                pending += next(want)
+            ok = ok and d == pending[:len(d)]
+            del pending[:len(d)]
+            got += len(d)
+        out["ended"] = "eof"
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    t.join(60)
+    timer.cancel()
+    out.update(sent=box["sent"] - 100, got=got, echo_ok=ok, send_error=box.get("error"),
+               transport=c.transport, reason=c.fallback_reason)
+    c.close()
     result(**out)
 
 
@@ -317,9 +412,133 @@ def _stream_fault(two_hosts, action, expect="complete", settle=3.0, seconds=12):
     return ok, info
 
 
+def case_qp_error_duplex():
+    env = dict(os.environ, RDMASOCK_TRANSPORTS="rdma", RDMASOCK_RDMA_DEVICE=os.environ.get("SOFTROCE_DEVICE", ""),
+               RDMASOCK_TEST_QP_ERR_AFTER="2")
+    srv = Proc([PY, __file__, "_echo", "127.0.0.1", PORT + 3], env)
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    cli = Proc([PY, __file__, "_duplex", "127.0.0.1", PORT + 3, 8], env)
+    c, s = cli.finish(150), srv.finish(60)
+    ok = check(c and s, "both roles reported")
+    if not ok:
+        return False
+    ok &= check(any(l == "QP_ERR" for l in cli.lines), "the client's QP was forced to ERR mid-stream")
+    ok &= check(c["ended"] == "eof" and s["ended"] == "eof" and not c["send_error"],
+                "both ended cleanly (client %s %s, echo %s %s)" % (c["ended"], c.get("error") or c["send_error"] or "",
+                                                                   s["ended"], s.get("error", "")))
+    ok &= check(c["echo_ok"] and c["got"] == c["sent"] == s["got"] - 100,
+                "every byte echoed back exactly once, in order: sent %d, echoed %d, received %d"
+                % (c["sent"], s["got"] - 100, c["got"]))
+    ok &= check((c["transport"], c["reason"]) == (s["transport"], s["reason"]) == ("tcp", "rdma_failed"),
+                "both sides now tcp with reason rdma_failed (%s/%s, %s/%s)"
+                % (c["transport"], c["reason"], s["transport"], s["reason"]))
+    return ok
+
+
+def _resync_check(salt, resume):
+    """The RESYNC frame's check word: rs_footer(salt, resume, 0xE5E5E5E5) (PROTOCOL.md 9.10)."""
+    m = (1 << 64) - 1
+    lw = 0xE5E5E5E5
+    x = salt ^ ((resume * 0x9E3779B97F4A7C15) & m) ^ ((lw << 32) | lw)
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & m
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & m
+    x ^= x >> 33
+    f = (x & 0xFFFFFFFF) ^ (x >> 32)
+    return f or 0x5A5A5A5A
+
+
+def resync_frame(salt, resume, check=None):
+    c = _resync_check(salt, resume) if check is None else check
+    return bytes([0xE5, 1, 0, 0]) + c.to_bytes(4, "little") + resume.to_bytes(8, "little")
+
+
+def _rdma_pair():
+    """A connected pair of rdmasock sockets over rdma on loopback: (raw writer side, reader)."""
+    import rdmasock
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    box = {}
+    t = threading.Thread(target=lambda: box.update(s=srv.accept()[0]))
+    t.start()
+    a = rdmasock.create_connection(srv.getsockname(), timeout=30)
+    t.join(30)
+    srv.close()
+    b = box["s"]
+    b.settimeout(20)
+    return a, b
+
+
+def case_bad_resync():
+    """Each sub-case: A sends 3000 bytes over rdma, B reads them all, then bytes written raw on
+    A's TCP socket (past rdmasock, as a broken or foreign peer would) reach B's doorbell
+    channel.  B must report a clear EPROTO (or, for the well-formed frame, go on exactly)."""
+    os.environ.update(RDMASOCK_TRANSPORTS="rdma", RDMASOCK_RDMA_DEVICE=os.environ.get("SOFTROCE_DEVICE", ""))
+    import rdmasock
+    head = random.Random(5).randbytes(3000)
+    ok = True
+
+    def run(name, raw, expect, then_shut=False):
+        nonlocal ok
+        a, b = _rdma_pair()
+        try:
+            good = a.transport == b.transport == "rdma"
+            a.sendall(head)
+            good &= recv_exact(b, len(head)) == head
+            salt, delivered = b._conn.salt, b._conn.rx_bytes
+            data = raw(salt, delivered)
+            os.write(a.fileno(), data)
+            if then_shut:
+                _socket_shutdown_wr(a)
+            try:
+                got = b""
+                while len(got) < 64:
+                    d = b.recv(64 - len(got))
+                    if not d:
+                        break
+                    got += d
+                outcome = ("data", got)
+            except OSError as exc:
+                outcome = ("error", exc.errno, str(exc))
+            if expect[0] == "data":
+                good &= outcome[0] == "data" and outcome[1] == expect[1] and b.transport == "tcp" \
+                    and b.fallback_reason == "rdma_failed"
+            else:
+                good &= outcome[0] == "error" and outcome[1] == 71 and expect[1] in outcome[2]
+            ok &= check(good, "%s: %s" % (name, outcome if outcome[0] == "error" else ("data", len(outcome[1]))))
+        finally:
+            a.close()
+            b.close()
+
+    tail = b"after the resync: plain TCP from here on, 64 bytes exactly......."[:64]
+    run("garbage doorbell byte", lambda salt, n: b"\xd7\x42", ("error", "garbage byte 0x42"))
+    run("corrupt RESYNC frame", lambda salt, n: resync_frame(salt, n, check=0x12345678) + tail,
+        ("error", "corrupt RESYNC frame"))
+    run("resume offset past the delivered bytes", lambda salt, n: resync_frame(salt, n + 100) + tail,
+        ("error", "resumes at byte %d, but 3000" % 3100))
+    run("stream ends inside the frame", lambda salt, n: b"\xc7" + resync_frame(salt, n)[:5],
+        ("error", "ended inside the peer's RESYNC frame (5 of 16"), then_shut=True)
+    run("stream ends inside the resent bytes", lambda salt, n: resync_frame(salt, n - 1000) + head[2000:2400],
+        ("error", "(600 still to come)"), then_shut=True)
+    # A well-formed frame resuming 1000 bytes back: those are dropped, the tail follows exactly.
+    run("well-formed frame from a second implementation",
+        lambda salt, n: b"\xd7\xc7" + resync_frame(salt, n - 1000) + head[2000:] + tail, ("data", tail))
+    return ok
+
+
+def _socket_shutdown_wr(sock):
+    import socket
+    s = socket.socket(fileno=os.dup(sock.fileno()))
+    try:
+        s.shutdown(socket.SHUT_WR)
+    finally:
+        s.close()
+
+
 def case_qp_error():
-    # A QP can only be moved to ERR by its own process: the streamer does it to itself
-    # (RDMASOCK_TEST_QP_ERR_AFTER seconds after connecting).
+    # The streamer forces its own QP to ERR, RDMASOCK_TEST_QP_ERR_AFTER seconds after connecting.
     os.environ["RDMASOCK_TEST_QP_ERR_AFTER"] = "2"
     try:
         res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=10)
@@ -437,7 +656,12 @@ def main():
         return role_sink(a[0], int(a[1]))
     if cmd == "_waiter":
         return role_waiter(a[0], int(a[1]))
+    if cmd == "_echo":
+        return role_echo_server(a[0], int(a[1]))
+    if cmd == "_duplex":
+        return role_duplex_client(a[0], int(a[1]), float(a[2]))
     ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "link_down": case_link_down,
+          "qp_error_duplex": case_qp_error_duplex, "bad_resync": case_bad_resync,
           "dead_peer": case_dead_peer, "device_delete": case_device_delete}[cmd]() if cmd != "fallback" \
         else case_fallback(a[0])
     log("%s %s" % (cmd, "PASS" if ok else "FAIL"))
