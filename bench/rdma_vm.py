@@ -1,139 +1,195 @@
-"""RDMA rows of the benchmarks, measured in the Soft-RoCE VM (issue 4 point 8).
+"""RDMA rows of the pingpong benchmark, measured in the Soft-RoCE VM (issue 4 point 8, issue 5).
 
     .venv/bin/python bench/rdma_vm.py [--reps 5] [--seconds 3]
+
+`rdmasock bench pingpong` (bench/suite.py, function pingpong_vm) runs this measurement and puts
+its rows into the pingpong table; run alone, this script is that part of the suite with its own
+report, bench/results/rdma-vm-<time>.{json,md}.
 
 Boots the VM (scripts/softroce/run.sh, topology lo: rxe0 on the guest's loopback) and, on
 the same rxe device in the same run, measures 64-byte round trips of:
   - TCP: bench/c/sockbench.c, plain;
-  - rdmasock rdma, inline on and off: the same binary, both sides under LD_PRELOAD with
-    RDMASOCK_TRANSPORTS=rdma (shm excluded), every connection checked to be rdma in the log;
+  - rdmasock rdma, inline on and off: the same binary, both sides with the library in
+    LD_PRELOAD and RDMASOCK_TRANSPORTS=rdma (shm excluded); every connection must log
+    transport=rdma, else the row is marked;
   - raw verbs: perftest's ib_write_lat -s 64 (its t_typical is half a round trip).
-Server on guest CPU 0, client on CPU 1 (taskset), interleaved repetitions, medians.
-Prints our round-trip time divided by raw verbs' (target: at most 2x) and by TCP's, and
-writes bench/results/rdma-vm-<time>.{json,md}.  The guest is emulated (TCG): absolute
-figures are far from hardware; the ratios are what the run compares."""
+Server on guest CPU 0, client on CPU 1 (taskset), interleaved repetitions (suite.run_variants
+inside the guest, with suite.sock_pair and suite.verdict), median/min/max in round trips/s.
+The guest is emulated (TCG): absolute figures are far from hardware; the ratios within the
+VM are what the run compares (target: rdma round trip at most 2x ib_write_lat's)."""
 import argparse
+import importlib.util
+import itertools
 import json
 import os
 import re
-import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-WORK = os.path.join(REPO, ".cache", "rdma-bench")
-LIB = os.path.join(REPO, "rdmasock", "librdmasock.so")
+sys.path.insert(0, HERE)
+
+import servers as S  # noqa: E402
+import suite  # noqa: E402  (suite imports this module only inside suite.pingpong_vm)
+
+REPO = S.REPO
+RUN = os.path.join(REPO, "scripts", "softroce", "run.sh")
+VM_TESTS = os.path.join(REPO, "tests", "test_rdma_vm.py")
+WORK = os.path.join(REPO, ".cache", "rdma-bench")        # the guest sees the repository, not the host's /tmp
+CPUS = (0, 1)                                            # guest CPUs: server, client
+PLACEMENT = "VM cross"
+IB_WRITE_LAT_ITERS = 3000
+NAMES = {"tcp": "TCP (Soft-RoCE VM)",
+         "inline": "rdmasock rdma, inline on (Soft-RoCE VM)",
+         "noinline": "rdmasock rdma, inline off (Soft-RoCE VM)",
+         "raw": "ib_write_lat (Soft-RoCE VM, raw verbs)"}
 
 
-def pin(cpu):
-    return ["taskset", "-c", str(cpu)]
-
-
-def sockbench_pair(binary, env, seconds):
-    srv = subprocess.Popen(pin(0) + [binary, "server", "tcp", "0"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, env=env, text=True)
+def vm_missing():
+    """Why the VM cannot run here, or None: the test suite's check (tests/test_rdma_vm.py
+    _vm_missing: QEMU, a guest kernel with rdma_rxe, pyverbs), plus perftest's ib_write_lat,
+    which the guest runs from the host's (read-only) root."""
     try:
-        line = srv.stdout.readline()
-        port = re.match(r"port (\d+)", line).group(1)
-        out = subprocess.run(pin(1) + [binary, "client", "tcp", port, "pingpong", "64", str(seconds)],
-                             capture_output=True, text=True, env=env, timeout=seconds + 120).stdout
-        return float(re.search(r"round_trips_per_s (\d+)", out).group(1))
-    finally:
-        try:
-            srv.wait(20)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait(5)
+        spec = importlib.util.spec_from_file_location("_rdmasock_test_rdma_vm", VM_TESTS)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        why = mod._vm_missing()
+    except Exception as e:                   # noqa: BLE001 - reported as the reason
+        return "cannot run the VM prerequisites check of %s: %s: %s" % (os.path.relpath(VM_TESTS, REPO),
+                                                                         type(e).__name__, e)
+    if why:
+        return why
+    if not shutil.which("ib_write_lat"):
+        return "ib_write_lat is not installed (package perftest; scripts/softroce/setup.sh)"
+    return None
 
 
-def ib_write_lat(port, iters=3000):
-    base = ["ib_write_lat", "-d", os.environ.get("SOFTROCE_DEVICE", "rxe0"), "-x", "1", "-s", "64",
-            "-n", str(iters), "-F", "-p", str(port)]
-    srv = subprocess.Popen(pin(0) + base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.0)
-    cli = subprocess.run(pin(1) + base + ["127.0.0.1"], capture_output=True, text=True, timeout=300)
-    srv.wait(60)
-    m = re.search(r"^\s*64\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", cli.stdout, re.M)
-    if not m:
-        raise RuntimeError("ib_write_lat printed: %s" % cli.stdout[-800:])
-    return float(m.group(3))                 # t_typical, microseconds, one way
-
-
-def inner(args):
-    binary = os.path.join(WORK, "sockbench")
-    log = os.path.join(WORK, "rdma-vm.log")
-    open(log, "w").close()
-    base = dict(os.environ)
-    pre = dict(base, LD_PRELOAD=LIB, RDMASOCK_TRANSPORTS="rdma", RDMASOCK_LOG_FILE=log,
-               RDMASOCK_RDMA_DEVICE=os.environ.get("SOFTROCE_DEVICE", "rxe0"))
-    variants = {"tcp": base, "rdmasock_rdma_inline": pre, "rdmasock_rdma_noinline": dict(pre, RDMASOCK_RDMA_INLINE="0")}
-    res = {k: [] for k in variants}
-    res["ib_write_lat_us"] = []
-    for rep in range(args.reps):
-        for name, env in variants.items():
-            res[name].append(sockbench_pair(binary, env, args.seconds))
-            print("rep %d %-24s %.0f rt/s" % (rep + 1, name, res[name][-1]), flush=True)
-        res["ib_write_lat_us"].append(ib_write_lat(18600 + rep))
-        print("rep %d %-24s %.2f us one way" % (rep + 1, "ib_write_lat", res["ib_write_lat_us"][-1]), flush=True)
-    with open(log) as f:
-        lines = f.read().splitlines()
-    res["log_transports"] = sorted(set(re.findall(r"transport=(\w+)", "\n".join(lines))))
-    res["log_connections"] = len(lines)
-    with open(os.path.join(WORK, "result.json"), "w") as f:
-        json.dump(res, f)
-
-
-def outer(args):
+def measure(reps, seconds, lib, echo=print):
+    """Boots the VM and runs `reps` interleaved repetitions of `seconds` each; returns
+    (the finished row dicts of the four variants, wall seconds of the VM part, boot included).
+    Each output line of the guest (progress) is passed to echo.  Raises RuntimeError if the
+    VM run fails."""
     os.makedirs(WORK, exist_ok=True)
-    subprocess.run(["cc", "-O2", "-Wall", "-o", os.path.join(WORK, "sockbench"),
-                    os.path.join(HERE, "c", "sockbench.c")], check=True)
-    result = os.path.join(WORK, "result.json")
-    if os.path.exists(result):
-        os.unlink(result)
-    t0 = time.monotonic()
-    p = subprocess.run([os.path.join(REPO, "scripts", "softroce", "run.sh"), "--quiet", "--topology", "lo",
-                        "--timeout", "1500", "--", sys.executable, os.path.abspath(__file__), "--inner",
-                        "--reps", str(args.reps), "--seconds", str(args.seconds)], cwd=REPO)
-    if p.returncode or not os.path.exists(result):
-        sys.exit("the VM run failed (exit %d)" % p.returncode)
-    with open(result) as f:
-        res = json.load(f)
-    med = {k: statistics.median(v) for k, v in res.items() if k.startswith(("tcp", "rdmasock", "ib_"))}
-    rtt = {k: 1e6 / med[k] for k in ("tcp", "rdmasock_rdma_inline", "rdmasock_rdma_noinline")}
-    raw_rtt = 2 * med["ib_write_lat_us"]
-    rows = [("TCP (sockbench, plain)", rtt["tcp"]), ("rdmasock rdma, inline (LD_PRELOAD)", rtt["rdmasock_rdma_inline"]),
-            ("rdmasock rdma, no inline", rtt["rdmasock_rdma_noinline"]), ("raw verbs: ib_write_lat (2 x t_typical)", raw_rtt)]
-    ok = res["log_transports"] == ["rdma"]
-    md = ["# RDMA in the Soft-RoCE VM: 64-byte round trips (median of %d, %s s each)" % (args.reps, args.seconds), "",
-          "Guest: TCG-emulated, 2 vCPUs, rxe0 on loopback; server CPU 0, client CPU 1.  Log: %d connections, transports %s%s."
-          % (res["log_connections"], ",".join(res["log_transports"]), "" if ok else " (NOT all rdma)"), "",
-          "| variant | round trip (us) | round trips/s | vs raw verbs | vs TCP |", "|---|---|---|---|---|"]
-    for name, us in rows:
-        md.append("| %s | %.1f | %.0f | %.2fx | %.2fx |" % (name, us, 1e6 / us, us / raw_rtt, us / rtt["tcp"]))
-    ratio = rtt["rdmasock_rdma_inline"] / raw_rtt
-    md += ["", "Target: rdmasock rdma round trip at most 2x raw verbs: %.2fx, %s." % (ratio, "met" if ratio <= 2 else "missed"),
-           "", "Raw figures: " + json.dumps(res)]
-    text = "\n".join(md) + "\n"
-    print(text)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(HERE, "results", "rdma-vm-%s" % stamp)
-    with open(out + ".md", "w") as f:
-        f.write(text)
-    with open(out + ".json", "w") as f:
-        json.dump(dict(res, medians=med, wall_s=round(time.monotonic() - t0, 1)), f, indent=1)
-    print("written: %s.md / .json" % out)
+    job = tempfile.mkdtemp(prefix="run-", dir=WORK)
+    try:
+        binary, out = suite.compile_c(job, ("sockbench",))["sockbench"], os.path.join(job, "rows.json")
+        timeout = 600 + reps * 4 * (seconds + 30)
+        cmd = [RUN, "--quiet", "--topology", "lo", "--timeout", str(int(timeout)), "--", sys.executable,
+               os.path.abspath(__file__), "--inner", "--reps", str(reps), "--seconds", str(seconds),
+               "--binary", binary, "--lib", lib, "--out", out]
+        t0 = time.monotonic()
+        tail = []
+        with subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace") as p:
+            for line in p.stdout:            # run.sh bounds the VM's life (timeout + its boot margin)
+                echo(line.rstrip("\n"))
+                tail = (tail + [line])[-30:]
+        wall = time.monotonic() - t0
+        if p.returncode or not os.path.exists(out):
+            raise RuntimeError("the Soft-RoCE VM run failed (scripts/softroce/run.sh exit %d%s)\n%s"
+                               % (p.returncode, "" if p.returncode else ", no rows written", "".join(tail)[-1500:]))
+        with open(out) as f:
+            return json.load(f), wall
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
 
 
-def main():
+# ---------------------------------------------------------------------------------------------
+# inside the guest
+
+def listening(pid, port):
+    """Whether process pid has a TCP socket listening on port."""
+    import psutil                            # in the venv (an rdmasock dependency); needed in the guest only
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
+
+
+def ib_write_lat(port):
+    """One ib_write_lat -s 64 run on the rxe device; returns its t_typical (us, one way)."""
+    base = ["ib_write_lat", "-d", os.environ.get("SOFTROCE_DEVICE", "rxe0"), "-x", "1", "-s", "64",
+            "-n", str(IB_WRITE_LAT_ITERS), "-F", "-p", str(port)]
+    srv = subprocess.Popen(S.pin(CPUS[0]) + base, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, start_new_session=True)
+    try:                                     # the client gives up if the server is not listening yet
+        if not S.wait_until(lambda: srv.poll() is not None or listening(srv.pid, port), 60, interval=0.1) \
+                or srv.poll() is not None:
+            raise RuntimeError("ib_write_lat server not listening on port %d %s" % (port, suite._err(srv)))
+        out = S.run(S.pin(CPUS[1]) + base + ["127.0.0.1"], timeout=300).stdout.decode(errors="replace")
+    finally:
+        suite.stop(srv, 60)
+    m = re.search(r"^\s*64\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    if not m:
+        raise RuntimeError("ib_write_lat printed: %s" % out[-800:])
+    return float(m.group(3))
+
+
+def inner(a):
+    """Runs in the guest: the four variants through suite.run_variants; writes the rows to a.out."""
+    work = tempfile.mkdtemp(prefix="rs-rdma-vm-")      # the guest's private /tmp
+    try:
+        rows = suite.run_variants("pingpong VM", guest_variants(a, S.make_log_file(work, "rdmasock.log")), a.reps,
+                                  lambda v: "%.0f rt/s" % v)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with open(a.out, "w") as f:
+        json.dump(rows, f)
+
+
+def guest_variants(a, log_file):
+    """(suite.Row, fn) of the four variants, for suite.run_variants in the guest."""
+    pre = {"LD_PRELOAD": a.lib, "RDMASOCK_TRANSPORTS": "rdma",
+           "RDMASOCK_RDMA_DEVICE": os.environ.get("SOFTROCE_DEVICE", "rxe0")}
+    variants = []
+    for key, env in (("tcp", None), ("inline", pre), ("noinline", dict(pre, RDMASOCK_RDMA_INLINE="0"))):
+        def fn(env=env):
+            mark = S.log_size(log_file)
+            v, port = suite.sock_pair(a.binary, "tcp", "0", CPUS, False, "pingpong", 64, a.seconds,
+                                      log_file if env else None, env)
+            return v, (suite.verdict(log_file, mark, port, expect="rdma") if env else "tcp")
+        variants.append((suite.Row("pingpong", NAMES[key], PLACEMENT, CPUS, "rt/s", baseline=env is None,
+                                   rdmasock=env is not None, kind="tcp" if env is None else "rdma",
+                                   inline=None if env is None else key == "inline", expect="rdma", vm=True), fn))
+    ports = itertools.count(18600)
+    variants.append((suite.Row("pingpong", NAMES["raw"], PLACEMENT, CPUS, "rt/s", kind="limit", vm=True),
+                     lambda: (1e6 / (2 * ib_write_lat(next(ports))), "rdma-verbs")))
+    return variants
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3)
-    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    inner(a) if a.inner else outer(a)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)      # in the guest:
+    ap.add_argument("--binary", help=argparse.SUPPRESS)                          # sockbench,
+    ap.add_argument("--lib", help=argparse.SUPPRESS)                             # librdmasock.so,
+    ap.add_argument("--out", help=argparse.SUPPRESS)                             # rows JSON
+    a = ap.parse_args(argv)
+    if a.inner:
+        inner(a)
+        return 0
+    args = suite.parse_args(["pingpong", "--reps", str(a.reps), "--duration", str(a.seconds)], prog="rdma_vm")
+    b = suite.pingpong_vm(args)
+    suite.print_table("pingpong", b)
+    stem = os.path.join(suite.RESULTS, "rdma-vm-%s" % time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(suite.RESULTS, exist_ok=True)
+    meta = {"reps": a.reps, "seconds": a.seconds, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "git": suite.git_state()}
+    with open(stem + ".json", "w") as f:
+        json.dump(dict(b, **meta), f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write("# rdmasock bench: pingpong in the Soft-RoCE VM (bench/rdma_vm.py)\n\n%s, %d repetition(s) of %s s%s"
+                "\n\n" % (meta["time"], a.reps, a.seconds, ", checkout " + suite.checkout_text(meta["git"])
+                          if meta["git"] else "") + "\n".join(suite.markdown_section(b)))
+    print("\nresults: %s.json, %s.md" % (stem, stem))
+    return 0 if all(r["status"] == "ok" for r in b["rows"]) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

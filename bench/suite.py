@@ -1,16 +1,24 @@
 """rdmasock benchmark suite (issue 5): sub-benchmarks that measure their baseline in the same run.
 
     .venv/bin/python bench/suite.py [pingpong|stream|redis|pgbench|replay|scale|all ...] [--reps 5] [--quick]
-                                    [--duration S] [--placements same,cross] [--no-plots]
+                                    [--duration S] [--placements same,cross] [--no-rdma] [--no-plots]
     rdmasock bench [same arguments]            (`rdmasock bench core` runs the older bench/core.py)
 
 Sub-benchmarks
-  pingpong  64-byte round trips/s.  C program bench/c/sockbench.c over TCP and over a Unix
+  pingpong  64-byte round trips/s (rtt_us: 1e6 / median).  bench/c/sockbench.c over TCP and a Unix
             socket, the same program with both sides under `rdmasock run` (LD_PRELOAD, shm),
             the Python API (bench/worker.py: socket vs rdmasock.socket), and bench/c/shmspin.c,
             a raw shared-memory spin ping-pong (two processes, one page, cross-CPU) as the
             physical limit of the machine.  Ratios vs TCP at its best placement and vs the limit.
-            The rdma row is a placeholder: rdma is measured in the Soft-RoCE VM (bench/rdma_vm.py).
+            Then, since the host kernel has no RDMA, one Soft-RoCE QEMU VM run (bench/rdma_vm.py,
+            scripts/softroce/run.sh; 3 s per repetition, --quick 1 s; the VM part takes ~25 s
+            with --quick, ~2 min for 5 repetitions, boot included) adds the rows "TCP (Soft-RoCE
+            VM)", "rdmasock rdma, inline on / off (Soft-RoCE VM)" (sockbench under LD_PRELOAD
+            with RDMASOCK_TRANSPORTS=rdma) and "ib_write_lat (Soft-RoCE VM, raw verbs)", all on
+            the same rxe device; their ratios compare within the VM only (vs the VM's TCP and
+            ib_write_lat; target: rdma round trip <= 2x ib_write_lat's).  If the VM cannot run
+            (tests/test_rdma_vm.py's prerequisites check, plus perftest), or with --no-rdma, one
+            placeholder row says why.
   stream    throughput of writes of 64 B .. 1 MiB: sockbench over TCP vs under rdmasock, and
             memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit.
   redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
@@ -31,8 +39,9 @@ Method: every process is pinned with taskset; the server side on CPU 0, the clie
 interleaved (rep 1 of every variant, then rep 2, ...) so that the baseline and rdmasock see
 the same machine state; reported are median, min and max of --reps repetitions (default 5;
 --quick: 1 short repetition, a smoke run, not a measurement).  Every rdmasock row is checked
-in RDMASOCK_LOG_FILE: unless every connection of the run logged transport=shm, the row is
-marked (fallback/unverified) and no ratio is claimed from it.  Progress goes to stderr.
+in RDMASOCK_LOG_FILE: unless every connection of the run logged transport=shm (rdma for the
+VM's rdma rows), the row is marked (fallback/unverified) and no ratio is claimed from it.
+Progress goes to stderr.
 
 Outputs: bench/results/<names>-<time>.json and .md (or --out-dir), and PNG plots next to
 them when matplotlib can be imported (else skipped with a message: install python3-matplotlib)."""
@@ -66,7 +75,8 @@ BENCHES = ("pingpong", "stream", "redis", "pgbench", "replay", "scale")
 PGBENCH = "/usr/bin/pgbench"
 REDIS_BENCHMARK = "/usr/bin/redis-benchmark"
 STREAM_SIZES = (64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
-RDMA_PLACEHOLDER = "rdma: measured in the Soft-RoCE VM, see bench/rdma_vm.py"
+RDMA_PLACEHOLDER = "rdma: not measured here; the Soft-RoCE VM measures pingpong (bench/rdma_vm.py)"
+PINGPONG_COLUMNS = ["name", "placement", "median", "min", "max", "rtt_us", "vs_tcp_best", "vs_limit", "status"]
 TARGETS = {                                   # issue 5, "Targets on this 2-core machine kind"
     "pingpong_c_preload_rt_s": 1_000_000,
     "pingpong_c_preload_vs_tcp": 20.0,
@@ -75,6 +85,7 @@ TARGETS = {                                   # issue 5, "Targets on this 2-core
     "redis_get_c1_vs_tcp": 2.0,
     "pgbench_c1_vs_tcp": 1.7,
     "replay_vs_tcp": 1.55,
+    "pingpong_rdma_vm_rtt_vs_ib_write_lat_at_most": 2.0,      # issue 4 point 8
 }
 
 
@@ -133,29 +144,29 @@ class Row:
         trs = set(self.d["transport"])
         if self.d["errors"]:
             self.d["status"] = "failed" if not self.d["runs"] else "partial"
-        elif self.d["rdmasock"] and trs != {"shm"}:
-            self.d["status"] = "NOT shm: " + ",".join(sorted(trs))
+        elif self.d["rdmasock"] and trs != {self.d.get("expect", "shm")}:
+            self.d["status"] = "NOT %s: %s" % (self.d.get("expect", "shm"), ",".join(sorted(trs)))
         else:
             self.d["status"] = "ok"
         self.d["verified_shm"] = self.d["rdmasock"] and trs == {"shm"} and not self.d["errors"]
         return self.d
 
 
-def verdict(log_file, mark, port, conns=1):
-    """'shm' if >= conns client lines about port since mark and all are shm, else why not."""
+def verdict(log_file, mark, port, conns=1, expect="shm"):
+    """expect ('shm') if >= conns client lines about port since mark and all are expect, else why not."""
     recs = [r for r in S.parse_log(log_file, mark) if r["role"] == "client" and S.addr_port(r["peer"]) == port]
     if len(recs) < conns:
         return "unverified (%d of %d client log lines)" % (len(recs), conns)
-    bad = [r for r in recs if r["transport"] != "shm"]
+    bad = [r for r in recs if r["transport"] != expect]
     if bad:
         return "fallback:" + ",".join(sorted({"%s/%s" % (r["transport"], r["reason"]) for r in bad}))
-    return "shm"
+    return expect
 
 
-def compile_c(workdir):
-    """bench/c/{sockbench,shmspin,memcpybw}.c -> workdir; returns name -> binary path."""
+def compile_c(workdir, names=("sockbench", "shmspin", "memcpybw")):
+    """bench/c/{names}.c -> workdir; returns name -> binary path."""
     out = {}
-    for name in ("sockbench", "shmspin", "memcpybw"):
+    for name in names:
         dst = os.path.join(workdir, name)
         S.run(["cc", "-O2", "-Wall", "-o", dst, os.path.join(CSRC, name + ".c")], timeout=120)
         out[name] = dst
@@ -194,9 +205,10 @@ def stop(proc, timeout=10):
             f.close()
 
 
-def sock_pair(binary, kind, addr, cpus, preload, mode, size, secs, log_file):
-    """One run of sockbench: server then client, pinned; returns (value, port or None)."""
-    env = S.client_env(log_file)
+def sock_pair(binary, kind, addr, cpus, preload, mode, size, secs, log_file, extra_env=None):
+    """One run of sockbench: server then client, pinned; returns (value, port or None).
+    extra_env: more environment for both sides (bench/rdma_vm.py: LD_PRELOAD, RDMASOCK_*)."""
+    env = S.client_env(log_file, extra_env)
     srv = subprocess.Popen(S.pin(cpus[0]) + S.preload_cmd([binary, "server", kind, addr], preload),
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                            start_new_session=True)
@@ -292,15 +304,13 @@ def bench_pingpong(args, ctx):
         variants.append((Row("pingpong", "raw shared-memory spin (limit)", "cross", places["cross"], "rt/s",
                              kind="limit"), fn))
     rows = run_variants("pingpong", variants, args.reps, lambda v: "%.0f rt/s" % v)
-    at = next((i for i, r in enumerate(rows) if r["kind"] == "limit"), len(rows))
-    rows.insert(at, placeholder_row("pingpong", "rdmasock rdma (Soft-RoCE, inline on / off)", "rt/s"))
-
     set_ratios(rows, "tcp")
     set_ratios(rows, "limit", "vs_limit", digits=3)
+    set_rtt(rows)
     tcp, lim, pre = best(rows, "tcp"), best(rows, "limit"), best(rows, "preload")
     summary, targets = [], []
     if tcp:
-        summary.append("TCP best placement: %s (%.0f rt/s)" % (
+        summary.append("host TCP best placement: %s (%.0f rt/s)" % (
             next(r["placement"] for r in rows if r["kind"] == "tcp" and r["median"] == tcp), tcp))
     if pre and tcp and lim:
         targets += [target("C ping-pong via LD_PRELOAD >= 1,000,000 rt/s", pre,
@@ -311,22 +321,99 @@ def bench_pingpong(args, ctx):
                            TARGETS["pingpong_c_preload_vs_limit"], "%.2f")]
     elif not args.tcp_only:
         summary.append("no verified LD_PRELOAD row: targets not evaluated")
-    return {"rows": rows, "summary": summary, "targets": targets,
-            "columns": ["name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
-            "title": "64-byte ping-pong, round trips/s (%.1f s per repetition)" % secs}
+    vm = pingpong_vm(args)                   # after the host rows: the VM keeps both CPUs busy
+    return {"rows": rows + vm["rows"], "summary": summary + vm["summary"], "targets": targets + vm["targets"],
+            "columns": PINGPONG_COLUMNS,
+            "title": "64-byte ping-pong, round trips/s (host: %.1f s per repetition; rtt_us = 1e6 / median)" % secs}
 
 
-def placeholder_row(bench, name, unit):
-    """A row that this host cannot measure: the host kernel has no RDMA, so `rdma` runs in the
-    Soft-RoCE QEMU guest (scripts/softroce/) and is reported from there."""
-    row = Row(bench, name, "VM", None, unit, rdmasock=True, kind="rdma").finish()
-    row["status"] = RDMA_PLACEHOLDER
+def set_rtt(rows):
+    """row["rtt_us"]: the round-trip time of the median, 1e6 / (round trips/s)."""
+    for r in rows:
+        if r["median"]:
+            r["rtt_us"] = round(1e6 / r["median"], 3)
+
+
+VM_PLACEHOLDER = "rdmasock rdma, inline on / off (Soft-RoCE VM)"
+
+
+def pingpong_vm(args):
+    """The Soft-RoCE VM rows of pingpong, from one VM run (bench/rdma_vm.py): TCP, rdmasock rdma
+    with inline on and off, ib_write_lat, on the same rxe device.  Their ratios compare within the
+    VM only (vs_tcp_best: the VM's TCP row; vs_limit: ib_write_lat): the host's TCP and spin limit
+    do not apply to the emulated guest.  If the VM cannot run, or with --no-rdma / --tcp-only, one
+    placeholder row says why.  Returns {rows, summary, targets, columns, title}."""
+    import rdma_vm                           # here, not at the top: rdma_vm imports this module
+    secs = args.duration or (1.0 if args.quick else 3.0)
+    out = {"rows": [], "summary": [], "targets": [], "columns": PINGPONG_COLUMNS,
+           "title": "64-byte ping-pong in the Soft-RoCE VM, round trips/s (%.3g s per repetition)" % secs}
+    status, err = None, None
+    if args.no_rdma or args.tcp_only:
+        status = "skipped (%s)" % ("--no-rdma" if args.no_rdma else "--tcp-only")
+    else:
+        missing = rdma_vm.vm_missing()
+        if missing:
+            status = "not measured: the Soft-RoCE VM cannot run here: %s" % missing
+    if status is None:
+        log("Soft-RoCE VM: %d repetition(s) of TCP, rdma inline on/off, ib_write_lat, %.3g s each"
+            % (args.reps, secs))
+        try:
+            rows, wall = rdma_vm.measure(args.reps, secs, S.require_preload(), echo=log)
+        except Exception as e:               # noqa: BLE001 - the host rows must survive a broken VM
+            err = "%s: %s" % (type(e).__name__, e)
+            lines = err.strip().splitlines()
+            status = "failed: %s%s" % (lines[0][:300], "; last output: " + lines[-1][:300] if len(lines) > 1 else "")
+    if status:
+        row = placeholder_row("pingpong", VM_PLACEHOLDER, rdma_vm.PLACEMENT, "rt/s", status)
+        if err:
+            row["errors"].append(err[-800:])
+        out["rows"].append(row)
+        out["summary"].append("Soft-RoCE VM rows: %s" % status)
+        return out
+    set_ratios(rows, "tcp")
+    set_ratios(rows, "limit", "vs_limit", digits=3)
+    set_rtt(rows)
+    tcp, raw = best(rows, "tcp"), best(rows, "limit")
+    for inline in (True, False):
+        rd = best(rows, "rdma", inline=inline)
+        what = "Soft-RoCE VM: rdmasock rdma, inline %s" % ("on" if inline else "off")
+        if rd and raw:
+            out["targets"].append(target("%s, round trip <= 2x ib_write_lat's" % what, raw / rd,
+                                         TARGETS["pingpong_rdma_vm_rtt_vs_ib_write_lat_at_most"], "%.2fx",
+                                         at_most=True))
+        if rd and tcp:
+            out["summary"].append("%s, round trip = %.2fx the VM's TCP round trip (%.1f us vs %.1f us)"
+                                  % (what, tcp / rd, 1e6 / rd, 1e6 / tcp))
+        if not rd:
+            out["summary"].append("%s: no verified rdma row, ratios not evaluated" % what)
+    if not raw:
+        out["summary"].append("Soft-RoCE VM: no ib_write_lat figure, the 2x target is not evaluated")
+    for r in rows:
+        if r["errors"]:
+            out["summary"].append("%s: %s" % (r["name"], r["errors"][-1].strip().splitlines()[-1][:300]))
+    out["summary"].append(
+        "Soft-RoCE VM rows: one QEMU guest (TCG-emulated, 2 vCPUs, rxe0 on its loopback), server on guest CPU "
+        "%d, client on CPU %d, %.3g s per repetition; ib_write_lat -s 64 -n %d as round trips/s = 1e6 / "
+        "(2 x t_typical us); their vs_tcp_best and vs_limit are against the VM's TCP row and ib_write_lat, "
+        "not the host's; absolute figures are far from hardware.  VM part: %.0f s wall, boot included"
+        % (rdma_vm.CPUS[0], rdma_vm.CPUS[1], secs, rdma_vm.IB_WRITE_LAT_ITERS, wall))
+    out["rows"] = rows
+    out["vm_wall_s"] = round(wall, 1)
+    return out
+
+
+def placeholder_row(bench, name, placement, unit, status):
+    """A row that was not measured (the Soft-RoCE VM could not run, or was not asked for),
+    with status saying why."""
+    row = Row(bench, name, placement, None, unit, rdmasock=True, kind="rdma", vm=True).finish()
+    row["status"] = status
     return row
 
 
-def target(what, value, need, fmt):
-    return {"target": what, "value": value, "need": need, "met": value >= need,
-            "text": "%s: %s -> %s" % (what, fmt % value, "MET" if value >= need else "missed")}
+def target(what, value, need, fmt, at_most=False):
+    met = value <= need if at_most else value >= need
+    return {"target": what, "value": value, "need": need, "at_most": at_most, "met": met,
+            "text": "%s: %s -> %s" % (what, fmt % value, "MET" if met else "missed")}
 
 
 def _matches(r, match):
@@ -810,32 +897,36 @@ def markdown(result):
            "%s, host %s, %d CPUs, %s. Repetitions: %d%s. Command: `%s`%s" % (
                result["time"], result["host"], result["cpus"], result["kernel"], result["reps"],
                " (--quick: smoke run, not a measurement)" if result["quick"] else "", result["command"],
-               ". Checkout %s%s" % (result["git"]["head"], " (shim/ or rdmasock/ modified)"
-                                    if result["git"]["shim_or_rdmasock_modified"] else "")
-               if result.get("git") else ""), ""]
+               ". Checkout " + checkout_text(result["git"]) if result.get("git") else ""), ""]
     for name, b in result["results"].items():
-        out += ["## %s" % name, "", b.get("title", ""), ""]
-        if "error" in b:
-            out += ["**failed:** `%s`" % b["error"][-500:], ""]
-            continue
-        cols = b["columns"]
-        out.append("| " + " | ".join(cols) + " |")
-        out.append("|" + "---|" * len(cols))
-        for r in b["rows"]:
-            cells = []
-            for c in cols:
-                v = r.get(c)
-                cells.append(size_label(v) if c == "size" else fmt_cell(v))
-            out.append("| " + " | ".join(cells) + " |")
-        out.append("")
-        for s in b.get("summary", []):
-            out.append("- " + s)
-        for t in b.get("targets", []):
-            out.append("- target " + t["text"])
-        out.append("")
+        out += ["## %s" % name, ""] + markdown_section(b)
     out.append("median / min / max over the repetitions; status `ok` on a rdmasock row means every connection "
-               "of every repetition logged transport=shm in RDMASOCK_LOG_FILE.")
+               "of every repetition logged transport=shm (the Soft-RoCE VM's rdma rows: transport=rdma) in "
+               "RDMASOCK_LOG_FILE.")
     return "\n".join(out) + "\n"
+
+
+def markdown_section(b):
+    """Markdown lines of one sub-benchmark's result: title, table, summary and targets."""
+    out = [b.get("title", ""), ""]
+    if "error" in b:
+        return out + ["**failed:** `%s`" % b["error"][-500:], ""]
+    cols = b["columns"]
+    out.append("| " + " | ".join(cols) + " |")
+    out.append("|" + "---|" * len(cols))
+    for r in b["rows"]:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append(size_label(v) if c == "size" else fmt_cell(v))
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for s in b.get("summary", []):
+        out.append("- " + s)
+    for t in b.get("targets", []):
+        out.append("- target " + t["text"])
+    out.append("")
+    return out
 
 
 def plots(result, stem):
@@ -954,6 +1045,11 @@ def print_table(name, b):
 
 # ---------------------------------------------------------------------------------------------
 
+def checkout_text(git):
+    """'<head>' or '<head> (shim/ or rdmasock/ modified)' from git_state()."""
+    return git["head"] + (" (shim/ or rdmasock/ modified)" if git["shim_or_rdmasock_modified"] else "")
+
+
 def git_state():
     """Commit of the checkout and whether shim/ or rdmasock/ had uncommitted changes (the
     numbers belong to the library as built, which may differ from the commit)."""
@@ -975,8 +1071,8 @@ def parser():
     ap.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 5; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 short repetition (unless --reps is given)")
     ap.add_argument("--duration", type=float, default=None,
-                    help="seconds per timed run (default: pingpong 1, stream 0.5, pgbench 10, scale 6; "
-                         "quick: shorter)")
+                    help="seconds per timed run (default: pingpong 1 (its Soft-RoCE VM rows 3), stream 0.5, "
+                         "pgbench 10, scale 6; quick: shorter)")
     ap.add_argument("--placements", default="same,cross", help="same (both on CPU 0) and/or cross (CPU 0 and 1)")
     ap.add_argument("--sizes", default=None, help="stream write sizes in bytes (default 64,256,...,1048576)")
     ap.add_argument("--redis-conns", default="1,50")
@@ -992,6 +1088,8 @@ def parser():
                          "pgbench_branches row, so it measures row-lock waits more than connections")
     ap.add_argument("--scale-placement", default="cross", help="scale: same or cross (default cross)")
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
+    ap.add_argument("--no-rdma", action="store_true",
+                    help="pingpong: skip the Soft-RoCE VM run (the rdma rows, bench/rdma_vm.py)")
     ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", metavar="JSON", help="run nothing: rewrite the .md and plots of an earlier run")
