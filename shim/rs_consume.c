@@ -185,8 +185,7 @@ uint64_t rs_rx_produced(rs_conn *c)
 {
     if (!c->rx_ring) return 0;
     if (c->fb_rx) return c->rx_bytes + (uint64_t)rs_fb_rx_available(c);
-    if (c->rdma) return c->rx_bytes + (uint64_t)ring_available(c);
-    return __atomic_load_n(&c->rx_ctl->tx_bytes, __ATOMIC_ACQUIRE);
+    return c->rx_bytes + (uint64_t)ring_available(c);
 }
 
 ssize_t rs_rx_available(rs_conn *c)
@@ -226,14 +225,19 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
 {
     if (!c->spin_ns || rs_peer_shares_cpu(c)) return 0;
     struct rs_dir_ctl *k = c->rx_ctl;
-    if (!peek) {            /* a peek absorbs nothing, so it must not let the producer skip bells */
+    /* Tell the producer it may skip the doorbell only if it would ring one (want_bell:
+     * only we set it, when going idle).  In a busy exchange it is clear, and leaving the
+     * line untouched saves a cache-line transfer per message; a peek absorbs nothing, so
+     * it must never let the producer skip bells. */
+    int publish = !peek && __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
+    if (publish) {
         __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);
         __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
-    uint64_t end = rs_now_ns() + c->spin_cur;
+    uint64_t now0 = rs_now_ns(), end = now0 + c->spin_cur;
     if (deadline_ns && end > deadline_ns) end = deadline_ns;
-    uint64_t yield_after = rs_now_ns() + RS_PURE_SPIN_NS;
+    uint64_t yield_after = now0 + RS_PURE_SPIN_NS;
     int found = 0;
     for (unsigned i = 0;; i++) {
         if (rs_rx_ready(c)) { found = 1; break; }
@@ -245,7 +249,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
         }
         rs_relax();
     }
-    __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
+    if (publish) __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */
     if (found) c->spin_cur = c->spin_cur * 2 > c->spin_ns ? c->spin_ns : c->spin_cur * 2;
     else if (c->spin_cur > c->spin_ns / 64 + 500) c->spin_cur /= 2;

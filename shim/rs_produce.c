@@ -165,7 +165,6 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
         c->tx_bytes += chunk;
         sent += chunk;
     }
-    __atomic_store_n(&c->tx_ctl->tx_bytes, c->tx_bytes, __ATOMIC_RELAXED);
     unsigned cpu = (unsigned)sched_getcpu() + 1u;          /* vDSO: no system call */
     if (__atomic_load_n(&c->tx_ctl->tx_cpu, __ATOMIC_RELAXED) != cpu)
         __atomic_store_n(&c->tx_ctl->tx_cpu, cpu, __ATOMIC_RELAXED);
