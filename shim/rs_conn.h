@@ -45,6 +45,8 @@ struct rs_conn {
     uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
     uint8_t  shut_rd;
     uint8_t  rx_pre;          /* server: the client's preamble frames come first (rs_preamble.c) */
+    uint8_t  lazy_tidy;       /* preload: its hooks answer readiness from the ring, so doorbells of
+                               * consumed records may stay pending (no tidy system calls) */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     int      err;             /* sticky error (positive errno), 0 if healthy */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */

@@ -130,6 +130,11 @@ void rs_rx_tidy(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
     if (c->rx_pre || !c->rx_ring || c->rdma) return;   /* rdma: the next go_idle drains */
+    /* Under the preload library poll/select/epoll look at the ring first, so a stale
+     * doorbell costs nothing there, while draining it here re-arms want_bell: the next
+     * record then rings again, and a request/response exchange paid a send and a recv
+     * system call per message for it.  The stale byte keeps the invariant (6.7). */
+    if (c->lazy_tidy) return;
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
     if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);
