@@ -23,7 +23,7 @@ Sub-benchmarks
             memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit.
   redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
             server and client both preloaded (servers: bench/servers.py).
-  pgbench   TPC-B, scale 1 (--pg-scales 1,10 for more), 1 and 4 clients, synchronous_commit=off,
+  pgbench   TPC-B, scales 1 and 10 (--pg-scales), 1 and 4 clients, synchronous_commit=off,
             fsync=off, plain vs server and client both preloaded (bench/pgbench_demo.py, which
             scripts/demo.sh runs, is this sub-benchmark with its own report).
   replay    the seed's method: pgbench's SQL (TPC-B, scale 1, 1 client, --replay-tx transactions)
@@ -1077,7 +1077,7 @@ def parser():
     ap.add_argument("--sizes", default=None, help="stream write sizes in bytes (default 64,256,...,1048576)")
     ap.add_argument("--redis-conns", default="1,50")
     ap.add_argument("--redis-tests", default="ping_inline,get,set")
-    ap.add_argument("--pg-scales", default="1")
+    ap.add_argument("--pg-scales", default="1,10")
     ap.add_argument("--pg-clients", default="1,4")
     ap.add_argument("--replay-tx", type=int, default=2000,
                     help="replay: pgbench transactions to capture and replay per psql run (default 2000; quick 200)")
