@@ -1,9 +1,9 @@
-"""Real servers for the program tests (tests/programs/) and the program benchmarks
-(bench/pgbench_demo.py, bench/programs.py): PostgreSQL 15, redis-server and
+"""Real servers for the program tests (tests/programs/) and the benchmarks (bench/suite.py,
+which bench/pgbench_demo.py and bench/programs.py go through, and bench/rdma_vm.py): PostgreSQL 15, redis-server and
 `python3 -m http.server`, each started on 127.0.0.1 with a free port, optionally under
 `rdmasock run` (LD_PRELOAD), and stopped by PID.  Every wait here is bounded.
 
-Also the two helpers both users need: `preload_cmd()` (argv prefix for `rdmasock run`) and
+Also the two helpers all users need: `preload_cmd()` (argv prefix for `rdmasock run`) and
 `parse_log()` (the RDMASOCK_LOG_FILE connection-outcome lines).
 
 Permissions: PostgreSQL refuses to run as root, so initdb and postgres run as user
