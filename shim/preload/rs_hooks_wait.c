@@ -463,8 +463,8 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
             }
             struct rs_link *l = ring_link(s->m[i].fd);
             if (!l) break;
-            /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
-             * under the preload, rs_doorbell.c): the ring says whether data is there */
+            /* the kernel's EPOLLIN may be a doorbell of records already consumed (one still
+             * in flight when recv tidied): the ring says whether data is there */
             if ((ev[j].events & (EPOLLIN | EPOLLRDNORM)) && !(ev[j].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
                 !rs_rx_ready(l->conn)) {
                 ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
