@@ -51,6 +51,7 @@ class socket(_base):
     def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
         super().__init__(family, type, proto, fileno)
         self._conn = None          # C connection when upgraded
+        self._role = "-"           # "client" or "server" once the handshake settled (log lines)
         self._hs = None            # upgrade.Client / upgrade.Server while handshaking
         self._app_nodelay = 0      # TCP_NODELAY as the application set it (upgraded sockets)
         self._rxpre = None         # server that declined: C reader of the client's preamble
@@ -80,7 +81,7 @@ class socket(_base):
             # RDMA failed mid-stream and the connection went on over TCP (shim/rs_fallback.c)
             why = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")
             self._transport, self._reason = "tcp", "rdma_failed"
-            self._log(getattr(self, "_role", "-"), detail=why)
+            self._log(self._role, detail=why)
         return self._transport
 
     @transport.setter

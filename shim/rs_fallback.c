@@ -55,7 +55,8 @@ static void update_done(rs_conn *c)
     if (c->fb_tx == TX_PLAIN && c->fb_rx == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
 }
 
-/* Waits for events on the socket until deadline_ns (0: one slice).  1 ready, 0 timed out. */
+/* Waits (at most one slice) for events on the socket.  0 if deadline_ns (0: none) has
+ * passed already, -EINTR, else 1: the caller looks again whether woken or not. */
 static int wait_sock(rs_conn *c, short events, uint64_t deadline_ns)
 {
     int ms = WAIT_SLICE_MS;
@@ -137,14 +138,26 @@ static int tx_pump(rs_conn *c)
     return 1;
 }
 
-/* Any thread not holding tx_lock: starts our direction's move and pushes what it can. */
+/* Caller holds tx_lock.  Starts our direction's move if needed and pushes what it can:
+ * tx_pump's result, 1 if nothing is pending. */
+static int tx_advance_locked(rs_conn *c)
+{
+    if (c->fb_tx == TX_RING) tx_start(c);
+    return c->fb_tx == TX_RESEND ? tx_pump(c) : 1;
+}
+
+static int tx_advance(rs_conn *c)
+{
+    rs_tx_lock(c);
+    int r = tx_advance_locked(c);
+    rs_tx_unlock(c);
+    return r;
+}
+
+/* Any thread not holding tx_lock. */
 void rs_fb_kick(rs_conn *c)
 {
-    if (!c->fb || c->fb_tx == TX_PLAIN) return;
-    rs_tx_lock(c);
-    if (c->fb_tx == TX_RING) tx_start(c);
-    if (c->fb_tx == TX_RESEND) tx_pump(c);
-    rs_tx_unlock(c);
+    if (c->fb && c->fb_tx != TX_PLAIN) tx_advance(c);
 }
 
 int rs_fb_tx_pending(rs_conn *c)
@@ -159,10 +172,7 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
     uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     if (timeout_ms == 0) nonblock = 1;
     for (;;) {
-        rs_tx_lock(c);
-        if (c->fb_tx == TX_RING) tx_start(c);
-        int r = c->fb_tx == TX_RESEND ? tx_pump(c) : 1;
-        rs_tx_unlock(c);
+        int r = tx_advance(c);
         if (r < 0) return r;
         if (r == 1) break;
         if (nonblock) return -EAGAIN;
@@ -186,9 +196,8 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
 void rs_fb_shutdown(rs_conn *c)
 {
     c->fb_shut_pending = 1;
-    if (c->fb_tx == TX_RING) tx_start(c);
-    if (c->fb_tx == TX_RESEND) tx_pump(c);
-    else if (c->fb_shut_pending) { c->fb_shut_pending = 0; syscall(SYS_shutdown, c->fd, SHUT_WR); }
+    if (c->fb_tx == TX_PLAIN) { c->fb_shut_pending = 0; syscall(SYS_shutdown, c->fd, SHUT_WR); }
+    else tx_advance_locked(c);               /* the half-close follows the resend */
 }
 
 /* Before the connection is torn down: the resend must leave (bounded, as close would
@@ -197,10 +206,7 @@ int rs_fb_finish_tx(rs_conn *c, int timeout_ms)
 {
     uint64_t deadline = rs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     for (;;) {
-        rs_tx_lock(c);
-        if (c->fb_tx == TX_RING) tx_start(c);
-        int r = c->fb_tx == TX_RESEND ? tx_pump(c) : 1;
-        rs_tx_unlock(c);
+        int r = tx_advance(c);
         if (r != 0) return r < 0 ? r : 0;
         if (rs_now_ns() >= deadline) return -ETIMEDOUT;
         wait_sock(c, POLLOUT, deadline);
