@@ -45,6 +45,10 @@ struct rs_conn {
     uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
     uint8_t  shut_rd;
     uint8_t  rx_pre;          /* server: the client's preamble frames come first (rs_preamble.c) */
+    uint8_t  lazy_tidy;       /* preload: its hooks answer readiness from the ring, so doorbells of
+                               * consumed records may stay pending (no tidy system calls), and a
+                               * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
+    uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     int      err;             /* sticky error (positive errno), 0 if healthy */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
@@ -125,6 +129,7 @@ int      rs_peer_shares_cpu(rs_conn *c);
 uint64_t rs_now_ns(void);
 void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind);
 int      rs_rx_go_idle(rs_conn *c);
+int      rs_rx_nonblock_empty(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 int      rs_tx_arm_credit(rs_conn *c);

@@ -310,7 +310,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             return (ssize_t)got;
         }
         if (!nonblock && spin_for_data(c, len - got, deadline, peek)) continue;
-        if (rs_rx_go_idle(c)) continue;
+        if (nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle(c)) continue;
         if (c->tcp_eof || c->err) continue;
         if (nonblock) return got ? (ssize_t)got : -EAGAIN;
         int slice = 500;                        /* re-check now and then, whatever happens */

@@ -114,6 +114,26 @@ int rs_rx_go_idle(rs_conn *c)
     return go_idle(c, 1);
 }
 
+/* A non-blocking receive found the ring empty.  Programs that read until EAGAIN (libpq,
+ * event loops) do so after every message; arming there (want_bell) made the peer ring a
+ * doorbell for the next message, a send and a wake-up per request.  Under the preload
+ * library the wait that follows goes through its poll/epoll hooks, which arm before they
+ * sleep, so this only hands back credit and, at most every millisecond, looks for EOF (an
+ * idle reader that never waits must still see the peer's death).  1 if a record is there
+ * after all.  Elsewhere it is go-idle. */
+int rs_rx_nonblock_empty(rs_conn *c)
+{
+    if (!c->lazy_tidy || c->rdma || c->rx_pre) return rs_rx_go_idle(c);
+    rs_rx_publish_credit(c, 1);
+    if (rs_rx_ready(c)) return 1;
+    uint64_t now = rs_now_ns();
+    if (now - c->last_peek_ns > 1000000u && !c->tcp_eof) {
+        c->last_peek_ns = now;
+        check_uncounted(c);
+    }
+    return 0;
+}
+
 /* Producer with a full ring, before it sleeps: ask the consumer for a credit doorbell.
  * Returns 1 if there is room after all. */
 int rs_tx_arm_credit(rs_conn *c)
@@ -130,6 +150,11 @@ void rs_rx_tidy(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx_ctl;
     if (c->rx_pre || !c->rx_ring || c->rdma) return;   /* rdma: the next go_idle drains */
+    /* Under the preload library poll/select/epoll look at the ring first, so a stale
+     * doorbell costs nothing there, while draining it here re-arms want_bell: the next
+     * record then rings again, and a request/response exchange paid a send and a recv
+     * system call per message for it.  The stale byte keeps the invariant (6.7). */
+    if (c->lazy_tidy) return;
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
                     __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
     if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);

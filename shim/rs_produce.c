@@ -133,10 +133,11 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
         }
         uint64_t need = (wrap ? to_end : 0) + rs_rec_size(chunk);
         if (tx_free(c) < need) refresh_credit(c);
-        if (tx_free(c) < need && !wrap && chunk > RS_KEEP_WHOLE) {
-            /* Partial room: write what fits rather than wait for all of it. */
-            uint64_t room = tx_free(c);
-            if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = rs_rec_size(chunk); }
+        if (tx_free(c) < need && chunk > RS_KEEP_WHOLE) {
+            /* Partial room: write what fits rather than wait for all of it (after the
+             * wrap, if one is due), as rs_tx_writable promised. */
+            uint64_t skip = wrap ? to_end : 0, room = tx_free(c) > skip ? tx_free(c) - skip : 0;
+            if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = skip + rs_rec_size(chunk); }
         }
         if (tx_free(c) < need) {
             if (nonblock) {

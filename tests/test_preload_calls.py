@@ -86,6 +86,7 @@ CHECKS = {
         rdhup_idle epoll_rdhup eof_after_rdhup poll_rdhup_peer_closed
         ring_full_eagain epollout_not_when_full pollout_not_when_full epollout_after_drain ring_full_data_1
         pollout_not_when_full_2 pollout_after_drain ring_full_data_2
+        pollwriter_no_lost_wakeup pollwriter_data
         chk_poll_idle chk_poll chk_read chk_ppoll_idle chk_select_idle chk_recv chk_recvfrom chk_ppoll chk_select
         chk_ppoll_pollout_when_full chk_poll_pollout_when_full chk_ppoll_pollout_after_drain chk_full_data
         fork_parent_close fork_child_io fork_child_close fork_child_exit
@@ -230,9 +231,11 @@ class Run:
 _runs = {}
 
 
-def _run(scenario, workdir):
-    if scenario in _runs:
-        return _runs[scenario]
+def _run(scenario, workdir, only=(), **env_extra):
+    """Runs the program pair (all its tests, or `only` these) once per argument set."""
+    key = (scenario, tuple(only), tuple(sorted(env_extra.items())))
+    if key in _runs:
+        return _runs[key]
     build, spre, cpre = SCENARIOS[scenario]
     if spre or cpre:
         _need_preload()
@@ -241,14 +244,14 @@ def _run(scenario, workdir):
     log = os.path.join(d, "rdmasock.log")
     ctl = os.path.join(d, "ctl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RDMASOCK_") and k != "LD_PRELOAD"}
-    env.update(RDMASOCK_LOG_FILE=log, RDMASOCK_RING_SIZE=str(RING_SIZE))
+    env.update(RDMASOCK_LOG_FILE=log, RDMASOCK_RING_SIZE=str(RING_SIZE), **env_extra)
     pre = [sys.executable, "-m", "rdmasock", "run", "--"]
 
     def start(argv, preload):
         return subprocess.Popen((pre if preload else []) + argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
-    server = start([binary, "server", ctl], spre)
+    server = start([binary, "server", ctl] + list(only), spre)
     client = None
     first = []
     t = threading.Thread(target=lambda: first.append(server.stdout.readline()), daemon=True)
@@ -262,7 +265,7 @@ def _run(scenario, workdir):
             rest = server.stdout.read().decode(errors="replace")
             pytest.fail("server did not start: %r %s" % (line, rest[-3000:]), pytrace=False)
         port = line.split()[1]
-        client = start([binary, "client", port, ctl, d], cpre)
+        client = start([binary, "client", port, ctl, d] + list(only), cpre)
         outs = {}
 
         def collect(name, proc):
@@ -291,7 +294,7 @@ def _run(scenario, workdir):
         log_text = ""
     r = Run(scenario, outs.get("server", ""), outs.get("client", ""), server.returncode, client.returncode,
             log_text, note)
-    _runs[scenario] = r
+    _runs[key] = r
     return r
 
 
@@ -374,6 +377,22 @@ def test_transport(scenario, workdir):
             problems.append("ring-full rounds filled %s bytes, want 2 rounds of at most RDMASOCK_RING_SIZE=%d"
                             % (fills, RING_SIZE))
     assert not problems, "\n".join(problems) + "\n---- log ----\n" + r.log
+
+
+def test_pollwriter_without_spin(workdir):
+    """A libpq-style writer (nonblocking write, nonblocking read, poll for POLLIN|POLLOUT)
+    with the busy-poll budget at 0, so every full ring arms at once while the reader is
+    returning credit: each wait must end when room appears, never at poll's timeout.
+    (Credit published between the writer's look at the ring and its sleep once made poll
+    sleep with no doorbell coming; psql's \\copy hung on it.)"""
+    r = _run("both", workdir, only=["pollwriter"], RDMASOCK_SPIN_US="0")
+    problems = [why for name in ("pollwriter_no_lost_wakeup", "pollwriter_data") for ok, why in [r.status(name)] if not ok]
+    waits = re.search(r"^info pollwriter: (\d+) bytes, (\d+) waits", r.out["server"], re.M)
+    if "transport=shm" not in r.log:
+        problems.append("the connection did not run on shm")
+    if not waits or int(waits.group(2)) < 100:
+        problems.append("the writer waited on a full ring %s times, want at least 100" % (waits and waits.group(2)))
+    assert not problems, "\n".join(problems) + "\n" + r.dump()
 
 
 def _bug_params():

@@ -97,7 +97,9 @@ static short ring_revents(rs_conn *c, short events)
 static int arm(rs_conn *c, short events)
 {
     int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
-    if ((events & (POLLOUT | POLLWRNORM)) && !rs_tx_writable(c) && (rs_tx_arm_credit(c) || rs_tx_writable(c)))
+    /* Credit published since the spin looked (without a doorbell: nobody had asked for one)
+     * makes the socket writable now; sleeping then would wait for a doorbell never sent. */
+    if ((events & (POLLOUT | POLLWRNORM)) && (rs_tx_writable(c) || rs_tx_arm_credit(c) || rs_tx_writable(c)))
         ready = 1;
     return ready || c->err || c->tcp_eof;
 }
@@ -463,8 +465,8 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
             }
             struct rs_link *l = ring_link(s->m[i].fd);
             if (!l) break;
-            /* the kernel's EPOLLIN may be a doorbell of records already consumed (one still
-             * in flight when recv tidied): the ring says whether data is there */
+            /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
+             * under the preload, rs_doorbell.c): the ring says whether data is there */
             if ((ev[j].events & (EPOLLIN | EPOLLRDNORM)) && !(ev[j].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
                 !rs_rx_ready(l->conn)) {
                 ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);

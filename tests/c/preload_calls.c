@@ -1613,6 +1613,79 @@ static void ringfull_client(void)
     close(fd);
 }
 
+/* ---- a writer like libpq's: nonblocking writes; when one is short, a nonblocking read,
+ * then poll(POLLIN|POLLOUT).  The reader frees room at its own pace, so credit often
+ * comes between the writer's look at the ring and its sleep: a poll that then sleeps to
+ * its timeout lost a wake-up. ------------------------------------------------------------ */
+#define PW_RUN_MS   1500
+#define PW_POLL_MS  2000
+#define PW_PERIOD   (1 << 20)          /* the stream repeats this pattern: cheap to write and check */
+static uint8_t pw_pat[PW_PERIOD + (1 << 16)];
+static void pw_fill(void)
+{
+    fill(pw_pat, PW_PERIOD, 120, 0);
+    memcpy(pw_pat + PW_PERIOD, pw_pat, 1 << 16);   /* a write may run past the period's end */
+}
+
+static void pollwriter_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    set_nonblock(fd, 1);
+    pw_fill();
+    size_t off = 0;
+    long waits = 0, lost = 0;
+    long long end = now_ms() + PW_RUN_MS, slowest = 0;
+    while (now_ms() < end && !lost) {
+        size_t left = 1 << 16;
+        while (left && !lost) {
+            ssize_t w = write(fd, pw_pat + off % PW_PERIOD, left);
+            if (w > 0) { left -= (size_t)w; off += (size_t)w; }
+            else if (w < 0 && errno != EAGAIN) { report(0, "pollwriter_no_lost_wakeup", "write: errno %d", errno); return; }
+            if (!left) break;
+            uint8_t b;
+            ssize_t r = recv(fd, &b, 1, MSG_DONTWAIT);
+            if (r != -1 || errno != EAGAIN) { report(0, "pollwriter_no_lost_wakeup", "recv gave %zd errno %d", r, errno); return; }
+            struct pollfd p = { fd, POLLIN | POLLOUT, 0 };
+            waits++;
+            long long t0 = now_ms();
+            int pr = poll(&p, 1, PW_POLL_MS);
+            long long took = now_ms() - t0;
+            /* a sleep to the timeout: the wait after it finds room it was never woken for */
+            if (pr <= 0 || took >= PW_POLL_MS - 100) lost++;
+            if (took > slowest) slowest = took;
+        }
+    }
+    CHECK("pollwriter_no_lost_wakeup", !lost, "poll(POLLIN|POLLOUT) slept %d ms with room in the ring "
+          "(%ld of %ld waits, %zu bytes written)", PW_POLL_MS, lost, waits, off);
+    info("%zu bytes, %ld waits, slowest %lld ms", off, waits, slowest);
+    shutdown(fd, SHUT_WR);
+    unsigned long long v = 0;
+    ctl_need("drained", &v);
+    CHECK("pollwriter_data", v == off, "peer verified %llu of %zu bytes", v, off);
+    close(fd);
+}
+
+static void pollwriter_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    pw_fill();
+    static uint8_t b[3000];
+    size_t off = 0;
+    long bad = -1;
+    for (;;) {
+        ssize_t r = read(fd, b, sizeof b);
+        if (r <= 0) break;
+        if (bad < 0 && memcmp(b, pw_pat + off % PW_PERIOD, (size_t)r)) bad = (long)off;
+        off += (size_t)r;
+        for (volatile int i = 0; i < 300; i++) {}   /* slower than the writer: the ring stays full */
+    }
+    if (bad >= 0) report(0, "pollwriter_read", "bytes from %ld differ", bad);
+    ctl_send("drained", bad >= 0 ? 0 : off);
+    close(fd);
+}
+
 /* ---- fork: the child does the I/O, the parent closes its copy ------------------------ */
 static void fork_server(void)
 {
@@ -1884,6 +1957,7 @@ static const struct test tests[] = {
     { "epoll_oneshot", epoll_oneshot_server, epoll_oneshot_client },
     { "epoll_rdhup", epoll_rdhup_server, epoll_rdhup_client },
     { "ringfull", ringfull_server, ringfull_client },
+    { "pollwriter", pollwriter_server, pollwriter_client },
     { "chk", chk_server, chk_client },
     { "fork", fork_server, fork_client },
     { "exec", exec_server, exec_client },
