@@ -61,7 +61,7 @@ static int peer_gone(rs_conn *c)
 static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
 {
     rs_tx_flush_bell(c);                        /* the consumer must know there is data */
-    uint64_t spin_end = rs_now_ns() + c->spin_ns;
+    uint64_t spin_start = rs_now_ns(), spin_end = spin_start + c->spin_ns;
     unsigned backoff_us = 20;
     for (;;) {
         refresh_credit(c);
@@ -71,7 +71,12 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         if (c->tcp_eof) return peer_gone(c);
         uint64_t now = rs_now_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
-        if (now < spin_end) { rs_relax(); continue; }
+        if (now < spin_end) {
+            /* The consumer may share our CPU: after a short pure spin, hand it the CPU. */
+            if (now - spin_start > 2000u) sched_yield();
+            else rs_relax();
+            continue;
+        }
         rs_tx_arm_credit(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
