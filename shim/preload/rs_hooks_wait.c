@@ -582,3 +582,14 @@ RS_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout
     if (!rs_nlinks || rs_in_engine) return rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask);
     return epoll_common(epfd, ev, max, timeout_ms, mask);
 }
+
+/* epoll_pwait2 (glibc 2.35+): the same, with the timeout as a timespec (waits on upgraded
+ * sockets round it up to whole milliseconds, like ppoll's). */
+RS_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_real.epoll_pwait2) { errno = ENOSYS; return -1; }
+    struct ep_set *s = (unsigned)epfd < RS_MAXFD ? ep_sets[epfd] : NULL;
+    if (!rs_nlinks || rs_in_engine || !ep_has_ring(s)) return rs_real.epoll_pwait2(epfd, ev, max, ts, mask);
+    return epoll_common(epfd, ev, max, ts_ms(ts), mask);
+}

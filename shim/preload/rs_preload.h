@@ -58,6 +58,7 @@ struct rs_real {
     int (*pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
     int (*epoll_wait)(int, struct epoll_event *, int, int);
     int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
+    int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
     int (*epoll_ctl)(int, int, int, struct epoll_event *);
 };
 extern struct rs_real rs_real;

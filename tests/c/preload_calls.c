@@ -1301,7 +1301,10 @@ static int ep_wait1(int ep, int timeout_ms, struct epoll_event *out, int use_pwa
 {
     struct epoll_event ev[4];
     int n;
-    if (use_pwait) {
+    if (use_pwait == 2) {
+        struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
+        n = epoll_pwait2(ep, ev, 4, timeout_ms < 0 ? NULL : &ts, NULL);
+    } else if (use_pwait) {
         sigset_t mask;
         sigemptyset(&mask);
         n = epoll_pwait(ep, ev, 4, timeout_ms, &mask);
@@ -1348,6 +1351,17 @@ static void epoll_lt_server(void)
     ok = recv_pat(fd, 96, 0, 10, why, sizeof why);
     CHECK("epoll_pwait_readable", n == 1 && (got.events & EPOLLIN) && got.data.u64 == EP_TAG && ok,
           "epoll_pwait returned %d; %s", n, why);
+    /* read until EAGAIN, as event loops do, then wait with epoll_pwait2 */
+    uint8_t none;
+    ssize_t nr = recv(fd, &none, 1, MSG_DONTWAIT);
+    int ne = errno;
+    ctl_send("go3", 0);
+    n = ep_wait1(ep, WAIT_MS, &got, 2);
+    uint8_t b10[10];                    /* readable means readable now: a non-blocking read */
+    ssize_t r10 = recv(fd, b10, sizeof b10, MSG_DONTWAIT);
+    CHECK("epoll_pwait2_readable", nr < 0 && ne == EAGAIN && n == 1 && (got.events & EPOLLIN) &&
+          got.data.u64 == EP_TAG && r10 == 10 && mismatch(b10, 10, 97, 0) < 0,
+          "recv %zd errno %d, then epoll_pwait2 returned %d, then a non-blocking recv %zd", nr, ne, n, r10);
     struct epoll_event wev = { .events = EPOLLOUT, .data.u64 = EP_TAG };
     c1 = epoll_ctl(ep, EPOLL_CTL_MOD, fd, &wev);
     n = ep_wait1(ep, 1000, &got, 0);
@@ -1373,6 +1387,9 @@ static void epoll_lt_client(void)
     ctl_need("go2", NULL);
     sleep_ms(DELAY_MS / 2);
     send_pat(fd, 96, 0, 10);
+    ctl_need("go3", NULL);
+    sleep_ms(DELAY_MS / 2);
+    send_pat(fd, 97, 0, 10);
     ctl_need("done", NULL);
     close(fd);
 }
