@@ -108,6 +108,7 @@ CHECKS = {
         half_close_eof_c poll_rdhup_half_close_c eof_sticky_c write_after_peer_shut_wr_c
         fork_conn_after_parent_close fork_no_eof_while_child_open fork_eof_after_child_close
         exec_before_c exec_no_internal_fds_c exec_conn_still_works_c exec_eof_after_peer_close
+        epoll_before_connect
     """.split(),
 }
 ROLE_OF = {name: role for role, names in CHECKS.items() for name in names}

@@ -176,7 +176,7 @@ int rs_step(int fd, struct rs_link *l, int wait_ms)
             int v = 0;
             if (rs_real.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) l->app_nodelay = v != 0;
             rs_real.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            c->lazy_tidy = 1;        /* rs_hooks_wait.c answers readiness from the ring */
+            c->lazy_tidy = !l->ep_unknown;   /* rs_hooks_wait.c answers readiness from the ring */
             l->conn = c;
             l->forked = 0;           /* made in this process: no other process holds the ring */
             __atomic_store_n(&l->state, RS_RING, __ATOMIC_RELEASE);

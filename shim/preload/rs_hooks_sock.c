@@ -52,6 +52,7 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
         struct rs_link *l = rs_link_new(fd, RS_CLIENT_HS);
         if (!l) { rs_br_drop(handle); errno = e; return r; }
         l->handle = handle;
+        l->ep_unknown = !rs_ep_adopt(fd);
         l->hello_pending = r != 0;
         if (r == 0) rs_br_hello(handle);
     } else {
@@ -81,6 +82,7 @@ static int after_accept(int lfd, int fd)
     struct rs_link *ll = rs_link_of(lfd);
     if (fd < 0 || !ll || ll->state != RS_LISTEN || rs_in_engine) return fd;
     int e = errno;
+    rs_ep_fd_fresh(fd);
     int handle = rs_br_accept(lfd, fd);
     if (handle > 0) {
         struct rs_link *l = rs_link_new(fd, RS_SERVER_HS);
@@ -120,6 +122,7 @@ RS_EXPORT int close(int fd)
     } else if (rs_ep_is_set(fd)) {
         rs_ep_forget(fd);
     }
+    rs_ep_fd_fresh(fd);
     return rs_real.close(fd);
 }
 
@@ -141,6 +144,7 @@ RS_EXPORT int shutdown(int fd, int how)
 
 static int share(int oldfd, int newfd)
 {
+    if (newfd >= 0) rs_ep_fd_fresh(newfd);     /* a new file behind that number */
     if (newfd >= 0) {
         struct rs_link *l = rs_link_of(oldfd);
         if (l) rs_link_share(newfd, l);

@@ -407,11 +407,69 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
     pthread_mutex_unlock(&ep_lock);
 }
 
+/* Registrations of a socket made before it became a link (registered, then connected, as
+ * some event loops do).  connect adopts them (rs_ep_adopt): without that, waits on the
+ * socket would go to the kernel alone, never arm, and a reader that reads until EAGAIN
+ * would not be woken.  One registration per fd is kept; a second epoll instance makes
+ * it unknown (n = 2). */
+struct ep_early { int epfd; uint32_t events; epoll_data_t data; uint8_t n; };
+static struct ep_early ep_early[RS_MAXFD];
+
+static void ep_note_early(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+    if ((unsigned)fd >= RS_MAXFD) return;
+    pthread_mutex_lock(&ep_lock);
+    struct ep_early *e = &ep_early[fd];
+    if (op == EPOLL_CTL_DEL) {
+        if (e->n == 1 && e->epfd == epfd) e->n = 0;
+    } else if (ev && e->n != 2) {
+        if (e->n == 1 && e->epfd != epfd) e->n = 2;
+        else { e->epfd = epfd; e->events = ev->events; e->data = ev->data; e->n = 1; }
+    }
+    pthread_mutex_unlock(&ep_lock);
+}
+
+/* fd was closed or is new (accepted): no registration of an earlier file is its own. */
+void rs_ep_fd_fresh(int fd)
+{
+    if ((unsigned)fd < RS_MAXFD && __atomic_load_n(&ep_early[fd].n, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&ep_lock);
+        ep_early[fd].n = 0;
+        pthread_mutex_unlock(&ep_lock);
+    }
+}
+
+/* fd just became a link: take over its earlier registration.  Returns 1 if every epoll
+ * registration of the socket is now known (or there is none), 0 if not: a one-shot (its
+ * state cannot be read back without re-arming it) or more than one epoll instance. */
+int rs_ep_adopt(int fd)
+{
+    if ((unsigned)fd >= RS_MAXFD) return 1;
+    pthread_mutex_lock(&ep_lock);
+    struct ep_early e = ep_early[fd];
+    ep_early[fd].n = 0;
+    pthread_mutex_unlock(&ep_lock);
+    if (!e.n) return 1;
+    if (e.n == 2 || (e.events & EPOLLONESHOT)) return 0;
+    /* Is it still registered there (the epoll fd may have been closed and its number
+     * reused)?  MOD to the same events and data changes nothing else. */
+    struct epoll_event ev = { .events = e.events, .data = e.data };
+    if (rs_real.epoll_ctl(e.epfd, EPOLL_CTL_MOD, fd, &ev) != 0) return errno == ENOENT || errno == EBADF || errno == EINVAL;
+    ep_remember(e.epfd, EPOLL_CTL_ADD, fd, &ev);
+    return 1;
+}
+
 RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
     int r = rs_real.epoll_ctl(epfd, op, fd, ev);
-    if (r == 0 && !rs_in_engine && (rs_link_of(fd) || op == EPOLL_CTL_DEL)) ep_remember(epfd, op, fd, ev);
+    if (r == 0 && !rs_in_engine) {
+        int e = errno;
+        int link = rs_link_of(fd) != NULL;
+        if (link || op == EPOLL_CTL_DEL) ep_remember(epfd, op, fd, ev);
+        if (!link) ep_note_early(epfd, op, fd, ev);
+        errno = e;
+    }
     return r;
 }
 

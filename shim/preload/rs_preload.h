@@ -105,6 +105,8 @@ struct rs_link {
     uint8_t forked;
     uint8_t app_nodelay;   /* TCP_NODELAY as the application set it (RING) */
     uint8_t hello_pending; /* client: nonblocking connect not finished, HELLO not sent */
+    uint8_t ep_unknown;    /* registered with epoll before connect in a way we could not
+                            * take over: non-blocking reads keep arming (rs_bridge.c) */
     pthread_mutex_t lock;  /* handshake steps */
     struct rs_stat_slot *stat;
 };
@@ -142,6 +144,8 @@ int  rs_step(int fd, struct rs_link *l, int wait_ms);
 /* ---- rs_hooks_wait.c -------------------------------------------------------------- */
 void rs_ep_forget(int fd);
 int  rs_ep_is_set(int fd);
+void rs_ep_fd_fresh(int fd);
+int  rs_ep_adopt(int fd);
 
 /* ---- rs_hooks_io.c --------------------------------------------------------------- */
 /* For an fd whose link is in a handshake state: settles what can be settled and tells

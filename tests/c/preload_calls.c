@@ -1394,6 +1394,71 @@ static void epoll_lt_client(void)
     close(fd);
 }
 
+/* ---- epoll registration before connect (as some event loops do), then request/response
+ * reading until EAGAIN: every reply must wake the client's epoll_wait --------------------- */
+#define EARLY_ROUNDS 20
+static void epoll_early_server(void)
+{
+    int fd = server_accept(ACC_PLAIN);
+    if (fd < 0) return;
+    uint8_t req[100];
+    int ok = 1;
+    for (int i = 0; i < EARLY_ROUNDS && ok; i++) {
+        ok = rd_full(fd, req, sizeof req) == (ssize_t)sizeof req && mismatch(req, sizeof req, 150, (size_t)i * 100) < 0;
+        sleep_ms(10);                        /* the client is asleep in epoll_wait by now */
+        fill(req, sizeof req, 151, (size_t)i * 100);
+        ok = ok && wr_all(fd, req, sizeof req) == (ssize_t)sizeof req;
+    }
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void epoll_early_client(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) die("socket");
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    /* registered while not connected; edge-triggered, so a wait that was not armed would
+     * not even be woken by a stale doorbell */
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = EP_TAG };
+    int c1 = epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    struct sockaddr_in a = server_addr();
+    int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+    struct pollfd p = { fd, POLLOUT, 0 };
+    if (r < 0 && errno == EINPROGRESS) poll(&p, 1, WAIT_MS);
+    announce(fd);
+    int rounds = 0, slept = 0;
+    long long worst = 0;
+    char why[160] = "";
+    for (int i = 0; i < EARLY_ROUNDS && !why[0]; i++) {
+        uint8_t b[100];
+        fill(b, sizeof b, 150, (size_t)i * 100);
+        if (wr_all(fd, b, sizeof b) != (ssize_t)sizeof b) { snprintf(why, sizeof why, "round %d: write errno %d", i, errno); break; }
+        size_t got = 0;
+        while (got < sizeof b && !why[0]) {
+            ssize_t n = recv(fd, b + got, sizeof b - got, 0);
+            if (n > 0) { got += (size_t)n; continue; }
+            if (n == 0 || errno != EAGAIN) { snprintf(why, sizeof why, "round %d: recv %zd errno %d", i, n, errno); break; }
+            struct epoll_event out;
+            long long t0 = now_ms();
+            int k = ep_wait1(ep, WAIT_MS, &out, 0);
+            slept++;
+            if (now_ms() - t0 > worst) worst = now_ms() - t0;
+            if (k != 1) snprintf(why, sizeof why, "round %d: epoll_wait returned %d after %lld ms", i, k, now_ms() - t0);
+        }
+        if (!why[0] && mismatch(b, sizeof b, 151, (size_t)i * 100) >= 0) snprintf(why, sizeof why, "round %d: reply differs", i);
+        if (!why[0]) rounds++;
+    }
+    /* about one wait per round: more means a wait returned with nothing to read (spun) */
+    CHECK("epoll_before_connect", c1 == 0 && rounds == EARLY_ROUNDS && slept <= 3 * EARLY_ROUNDS,
+          "epoll_ctl ADD=%d; %d of %d rounds; %s (%d epoll waits, longest %lld ms)", c1, rounds, EARLY_ROUNDS, why,
+          slept, worst);
+    info("%d epoll waits in %d rounds, longest %lld ms", slept, rounds, worst);
+    ctl_send("done", 0);
+    close(ep);
+    close(fd);
+}
+
 /* ---- EPOLLET ----------------------------------------------------------------------- */
 static void epoll_et_server(void)
 {
@@ -1972,6 +2037,7 @@ static const struct test tests[] = {
     { "epoll_lt", epoll_lt_server, epoll_lt_client },
     { "epoll_et", epoll_et_server, epoll_et_client },
     { "epoll_oneshot", epoll_oneshot_server, epoll_oneshot_client },
+    { "epoll_early", epoll_early_server, epoll_early_client },
     { "epoll_rdhup", epoll_rdhup_server, epoll_rdhup_client },
     { "ringfull", ringfull_server, ringfull_client },
     { "pollwriter", pollwriter_server, pollwriter_client },
