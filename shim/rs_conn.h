@@ -134,6 +134,10 @@ void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 int      rs_tx_arm_credit(rs_conn *c);
 void     rs_relax(void);
+/* A spinning wait, `spun_ns` into it: pure spinning for RS_PURE_SPIN_NS, then every round
+ * yields the CPU, since the peer we wait for may share it (2-core machines). */
+#define RS_PURE_SPIN_NS 2000u
+void     rs_spin_pause(uint64_t spun_ns);
 
 /* rs_fallback.c */
 void     rs_fb_begin(rs_conn *c);

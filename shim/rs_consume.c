@@ -12,8 +12,6 @@
 #include "rs_conn.h"
 #include "rs_sys.h"
 
-#define RS_PURE_SPIN_NS 2000u
-
 struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
 
 static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx_ring + (pos & c->mask)); }

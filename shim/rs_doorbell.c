@@ -31,6 +31,12 @@ void rs_relax(void)
 #endif
 }
 
+void rs_spin_pause(uint64_t spun_ns)
+{
+    if (spun_ns > RS_PURE_SPIN_NS) sched_yield();
+    else rs_relax();
+}
+
 /* The counter was raised before the send (the consumer's snapshot relies on that order);
  * a byte that never left is taken back so the consumer does not wait to drain it. */
 static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)

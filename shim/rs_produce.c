@@ -71,12 +71,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
         if (c->tcp_eof) return peer_gone(c);
         uint64_t now = rs_now_ns();
         if (deadline_ns && now >= deadline_ns) return -EAGAIN;
-        if (now < spin_end) {
-            /* The consumer may share our CPU: after a short pure spin, hand it the CPU. */
-            if (now - spin_start > 2000u) sched_yield();
-            else rs_relax();
-            continue;
-        }
+        if (now < spin_end) { rs_spin_pause(now - spin_start); continue; }
         rs_tx_arm_credit(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;

@@ -144,8 +144,8 @@ RS_EXPORT int shutdown(int fd, int how)
 
 static int share(int oldfd, int newfd)
 {
-    if (newfd >= 0) rs_ep_fd_fresh(newfd);     /* a new file behind that number */
     if (newfd >= 0) {
+        rs_ep_fd_fresh(newfd);                 /* a new file behind that number */
         struct rs_link *l = rs_link_of(oldfd);
         if (l) rs_link_share(newfd, l);
     }

@@ -17,14 +17,8 @@
 static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US, default 1000 us (adaptive below it) */
 static __thread uint64_t spin_cur = 1000000;  /* adaptive, <= spin_ns (see rs_consume.c) */
 
-/* Spins share the CPU: after a short pure spin, every round yields, so a peer on the
- * same CPU runs; the budget halves when a spin found nothing and doubles when it did. */
-#define PURE_SPIN_NS 2000u
-static inline void spin_pause(uint64_t started)
-{
-    if (rs_now_ns() - started > PURE_SPIN_NS) sched_yield();
-    else rs_relax();
-}
+/* Spins share the CPU (rs_spin_pause); the budget halves when a spin found nothing and
+ * doubles when it did. */
 static inline uint64_t spin_budget(void) { return spin_cur < spin_ns ? spin_cur : spin_ns; }
 /* A wait whose spin ran out but whose data came after `waited_ns` in all: had the spin
  * lasted that long it would have saved the kernel sleep and the doorbell, whose cross-CPU
@@ -165,7 +159,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
                 if (r != 0) { if (timeout_ms && apart) spin_result(1); goto out; }
             }
             if (now_ns() >= spin_end) break;
-            spin_pause(t0);
+            rs_spin_pause(now_ns() - t0);
         }
         if (timeout_ms && apart) spin_result(0);
         if (timeout_ms == 0 || now_ns() >= deadline) { r = collect(fds, n, links, want); goto out; }
@@ -587,7 +581,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
         pthread_mutex_unlock(&ep_lock);
         if (n) { if (timeout_ms && apart) spin_result(1); return n; }
         if (now_ns() >= spin_end) break;
-        spin_pause(start);
+        rs_spin_pause(now_ns() - start);
     }
     if (timeout_ms && apart) spin_result(0);
     unsigned nap_us = 20;
