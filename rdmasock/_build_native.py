@@ -2,7 +2,11 @@
 
 Run by the package install (cffi_modules in pyproject.toml); paths are relative to the
 project root, where setuptools runs it."""
+import os
+
 import cffi
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
            "shim/rs_preamble.c",
@@ -75,7 +79,7 @@ ffibuilder.set_source(
     '#include "rs_conn.h"',
     sources=SOURCES,
     include_dirs=["shim"],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-ffile-prefix-map=%s=." % ROOT],
 )
 
 if __name__ == "__main__":

@@ -8,23 +8,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
-def doctor(_args):
-    """Says which transports this machine can use, and why not."""
-    from . import config, transport_shm
-    cfg = config.get()
-    print("rdmasock %s, python %s" % (__import__("rdmasock").__version__, sys.version.split()[0]))
-    print("enabled:", "no (RDMASOCK_DISABLE)" if cfg.disabled else "yes", "| transports:", ",".join(cfg.transports))
-    try:
-        fd = transport_shm.create_segment(4096, 1)
-        os.close(fd)
-        print("shm: usable (memfd + sealing)")
-    except OSError as exc:
-        print("shm: NOT usable: %s" % exc)
-    from . import devices
-    print(devices.format_report(devices.rdma_report()).rstrip())
-    lib = os.path.join(HERE, "librdmasock.so")
-    print("preload: %s" % (lib if os.path.exists(lib) else "librdmasock.so missing (reinstall)"))
-    return 0
+def doctor(args):
+    """Says which transports this installation and machine can use, and why not."""
+    from . import doctor as _doctor
+    return _doctor.main(args)
 
 
 def preload_path():

@@ -356,8 +356,8 @@ def choose(device=None, port=None, gid_index=None, env=None):
     raise RdmaUnavailable("no_active_port", "; ".join(problems) or "no usable port")
 
 
-def format_report(rep):
-    """The human-readable text of a report."""
+def format_report(rep, summary=True):
+    """The human-readable text of a report (summary: end with the "RDMA usable" line)."""
     out = []
     pv = rep["pyverbs"]
     out.append("pyverbs: %s" % ("available" if pv["available"] else pv["error"]))
@@ -391,7 +391,8 @@ def format_report(rep):
         s = rep["selected"]
         out.append("selected: %s port %d GID index %d (%s %s)"
                    % (s["device"], s["port"], s["gid_index"], s["gid_type"], s["gid"]))
-    out.append("RDMA usable: %s -- %s" % ("yes" if rep["usable"] else "no", rep["reason"]))
+    if summary:
+        out.append("RDMA usable: %s -- %s" % ("yes" if rep["usable"] else "no", rep["reason"]))
     return "\n".join(out)
 
 

@@ -234,9 +234,17 @@ def internal_error(exc, val, tb):
 
 
 def _set_up():
-    """Marks the process as preloaded: rdmasock.socket() then stays out of the way."""
+    """Marks the process as preloaded: rdmasock.socket() then stays out of the way.  At
+    log level debug, says which Python the engine runs in (`rdmasock doctor` reads it)."""
     from . import api
     api.PRELOADED = True
+    if config.get().log_level >= config.LOG_LEVELS.index("debug"):
+        import sys
+        from . import devices
+        ok, why = devices.pyverbs_available()
+        log.line("engine=ready python=%s executable=%s package=%s pyverbs=%s"
+                 % (sys.version.split()[0], sys.executable, os.path.dirname(os.path.abspath(__file__)),
+                    "yes" if ok else "no (%s)" % why), level=3)
 
 
 _set_up()

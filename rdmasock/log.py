@@ -20,7 +20,9 @@ def line(text, level=1):
     if not path or cfg.log_level < level:
         return
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW: a symlink planted at the path must not redirect our writes; 0600:
+        # connection lines name addresses and ports that are nobody else's business.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY, 0o600)
         try:
             os.write(fd, ("%s pid=%d %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), text)).encode())
         finally:

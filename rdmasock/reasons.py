@@ -26,7 +26,7 @@ REASONS = {
 }
 
 # RdmaUnavailable.reason (rdmasock.devices, rdma_setup, transport_rdma) -> reason code name
-RDMA_REASONS = {"no_pyverbs": "rdma_unavailable", "no_device": "rdma_unavailable",
+RDMA_REASONS = {"no_pyverbs": "rdma_unavailable", "no_verbs_build": "rdma_unavailable", "no_device": "rdma_unavailable",
                 "no_active_port": "rdma_unavailable", "bad_config": "rdma_unavailable",
                 "memlock": "memlock", "verbs_setup_failed": "rdma_setup_failed",
                 "rdma_setup_failed": "rdma_setup_failed", "bad_params": "rdma_connect_failed",

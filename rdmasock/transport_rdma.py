@@ -31,7 +31,8 @@ class Side:
 
     def __init__(self, ring_size):
         if not lib.rs_rdma_supported():
-            raise RdmaUnavailable("rdma_setup_failed", "this build has no verbs support (libibverbs-dev)")
+            from .doctor import NO_VERBS_BUILD
+            raise RdmaUnavailable("no_verbs_build", NO_VERBS_BUILD)
         self.ring_size = ring_size
         lenp = ffi.new("size_t *")
         base = lib.rs_rdma_alloc(ring_size, lenp)

@@ -47,6 +47,9 @@ def _vm_missing():
 
 def _run_suite():
     """Run all inner cases once; returns (results dict or None, log text, error or None)."""
+    from rdmasock import doctor
+    if doctor.build_has_verbs() is not True:
+        return None, "", doctor.NO_VERBS_BUILD
     results = os.path.join(REPO, ".cache", "rdma-results", "run-%d.json" % os.getpid())
     if os.path.exists(results):
         os.unlink(results)

@@ -19,7 +19,8 @@
 __thread int rs_in_engine;
 
 static struct {
-    int (*boot)(char *why, int whylen);
+    int (*boot)(const char *exe, const char *root, char *why, int whylen);
+    int (*status)(char *why, int whylen);
     int (*listen)(int);
     void (*unlisten)(int);
     int (*connect_plan)(int, const void *, int);
@@ -27,13 +28,13 @@ static struct {
     int (*accept)(int, int);
     void (*drop)(int);
     void (*plain)(int, int);
-    int (*ready)(void);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
     void (*release)(uintptr_t);          /* before rs_conn_free of an rdma connection */
     void (*fell_back)(int, int, uintptr_t);   /* an rdma connection went on over TCP (log) */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rs_pyworld world;  /* large: not on a hooked call's stack */
 
 /* Without an engine nothing can be logged through it: one line, straight to the log
  * file the user asked for (never stdout/stderr). */
@@ -41,15 +42,16 @@ static void log_unusable(const char *why)
 {
     const char *path = getenv("RDMASOCK_LOG_FILE");
     if (!path || !*path) return;
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600);
     if (fd < 0) return;
-    char line[512];
+    char line[4096];
     time_t t = time(NULL);
     struct tm tm;
     gmtime_r(&t, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d pid=%d engine=unavailable transport=tcp reason=%s\n",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), why);
-    if (n > 0) { ssize_t w = rs_real.write(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1); (void)w; }
+    if (n >= (int)sizeof line) { line[sizeof line - 2] = '\n'; n = (int)sizeof line - 1; }
+    if (n > 0) { ssize_t w = rs_real.write(fd, line, (size_t)n); (void)w; }
     rs_real.close(fd);
 }
 
@@ -61,33 +63,45 @@ static int env_true(const char *name)
 
 static void engine_load(void)
 {
-    char why[256] = "engine_failed";
+    static char why[2048];
     eng_state = -1;
     if (env_true("RDMASOCK_DISABLE")) return;               /* never start Python */
     /* A Python host of another minor version cannot share its interpreter with ours. */
     const char *(*host_version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     if (host_version && strncmp(host_version(), RS_PY_VERSION ".", strlen(RS_PY_VERSION) + 1)) {
-        log_unusable("python_version_mismatch");
+        snprintf(why, sizeof why, "python_version_mismatch: the program runs Python %.16s, rdmasock was built for %s",
+                 host_version(), RS_PY_VERSION);
+        log_unusable(why);
         return;
     }
-    Dl_info info;
-    if (!dladdr((void *)rs_real_init, &info) || !info.dli_fname) { log_unusable("engine_not_found"); return; }
-    char path[4096];
-    const char *slash = strrchr(info.dli_fname, '/');
-    int dirlen = slash ? (int)(slash - info.dli_fname) : 1;
-    snprintf(path, sizeof path, "%.*s/%s", dirlen, slash ? info.dli_fname : ".", RS_ENGINE_FILE);
+    if (rs_pyworld_find(&world, why, sizeof why)) { log_unusable(why); return; }
+    /* A host that is not Python gets the installation's libpython, found at run time. */
+    if (!host_version && !dlopen(world.libpython, RTLD_NOW | RTLD_GLOBAL)) {
+        snprintf(why, sizeof why, "engine_not_loadable: %s (the interpreter %s needs it)", dlerror(), world.exe);
+        log_unusable(why);
+        return;
+    }
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", world.pkgdir, RS_ENGINE_FILE);
     void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!h) { log_unusable("engine_not_loadable"); return; }
+    if (!h) {
+        snprintf(why, sizeof why, "engine_not_loadable: %s", dlerror());
+        log_unusable(why);
+        return;
+    }
 #define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
-    SYM(boot, "rse_boot"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
+    SYM(boot, "rse_boot"); SYM(status, "rse_status"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
-    SYM(drop, "rse_drop"); SYM(step, "rse_step");
-    SYM(plain, "rse_plain"); SYM(ready, "rse_ready"); SYM(release, "rse_release");
-    SYM(fell_back, "rse_fell_back");
-    if (!eng.boot || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.step || !eng.plain || !eng.ready || !eng.release || !eng.fell_back) { log_unusable("engine_incomplete"); return; }
-    if (eng.boot(why, sizeof why) != 0) { log_unusable(why); return; }
-    if (!eng.ready()) { log_unusable("engine_import_failed"); return; }
+    SYM(drop, "rse_drop"); SYM(step, "rse_step"); SYM(plain, "rse_plain");
+    SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back");
+    if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
+        !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back) {
+        snprintf(why, sizeof why, "engine_incomplete: %s lacks an rse_* entry point (a mismatched build)", path);
+        log_unusable(why);
+        return;
+    }
+    if (eng.boot(world.exe, world.root, why, sizeof why) != 0) { log_unusable(why); return; }
+    if (!eng.status(why, sizeof why)) { log_unusable(why); return; }
     eng_state = 1;
 }
 

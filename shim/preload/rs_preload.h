@@ -123,6 +123,19 @@ struct rs_link *rs_link_detach(int fd);         /* fd closed: returns link if it
 void rs_link_free(struct rs_link *l, int fd);   /* fd: the descriptor being closed, or -1 */
 void rs_links_mark_forked(void);
 
+/* ---- rs_pyworld.c ---------------------------------------------------------------- */
+#include <limits.h>
+/* The Python installation the package belongs to (found from this library's location). */
+struct rs_pyworld {
+    char pkgdir[PATH_MAX];     /* .../rdmasock: this library, the engine, the package */
+    char root[PATH_MAX];       /* the directory holding the package */
+    char exe[PATH_MAX];        /* the interpreter the engine starts as */
+    char home[PATH_MAX];       /* a venv's `home` (pyvenv.cfg), or "" */
+    char libpython[PATH_MAX];  /* path or soname of its libpython */
+    char kind[16];             /* venv, prefix or system */
+};
+int rs_pyworld_find(struct rs_pyworld *w, char *why, size_t whylen);
+
 /* ---- rs_bridge.c ----------------------------------------------------------------- */
 extern __thread int rs_in_engine;
 int  rs_engine_ready(void);        /* loads and starts the engine once; 0 if unusable */

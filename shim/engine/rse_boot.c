@@ -1,0 +1,170 @@
+/* rse_boot.c - starts the embedded interpreter of rdmasock._engine (compiled into it by
+ * rdmasock/_build_engine.py; RSE_WORLD_PY is rdmasock/_world.py as a C string).
+ *
+ * The front (shim/preload/rs_bridge.c) has found the installation the package belongs to
+ * (rs_pyworld.c) and passes its interpreter `exe` and the package's directory `root`.
+ * Rules: the host's PYTHON* variables, argv, signals and C stdio are not ours to touch;
+ * nothing is ever printed to the host's stdout/stderr; every failure becomes one reason
+ * string for the log.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+
+static PyGILState_STATE rse_fork_gil;
+static int rse_fork_held;
+
+/* A C-level fork() in a host whose interpreter we started (os.fork handles itself). */
+static void rse_fork_prepare(void)
+{
+    if (!Py_IsInitialized() || PyGILState_Check()) return;
+    rse_fork_gil = PyGILState_Ensure();
+    PyOS_BeforeFork();
+    rse_fork_held = 1;
+}
+static void rse_fork_parent(void)
+{
+    if (!rse_fork_held) return;
+    rse_fork_held = 0;
+    PyOS_AfterFork_Parent();
+    PyGILState_Release(rse_fork_gil);
+}
+static void rse_fork_child(void)
+{
+    if (!rse_fork_held) return;
+    rse_fork_held = 0;
+    PyOS_AfterFork_Child();
+    PyGILState_Release(rse_fork_gil);
+}
+
+/* The pending exception as one line ("Type: message"), cleared. */
+static void exc_text(char *out, int outlen)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    PyObject *s = v ? PyObject_Str(v) : NULL;
+    const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+    const char *name = t ? ((PyTypeObject *)t)->tp_name : "error";
+    snprintf(out, outlen, "%s: %s", name, msg ? msg : "?");
+    for (char *p = out; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+static int start_interpreter(const char *exe, char *why, int whylen)
+{
+    PyConfig c;
+    PyConfig_InitIsolatedConfig(&c);
+    c.isolated = 0;                 /* isolated would forbid the user site of a --user install */
+    c.use_environment = 0;          /* the host's PYTHONPATH/PYTHONHOME are not ours */
+    c.user_site_directory = 0;
+    c.safe_path = 1;
+    c.site_import = 0;              /* _world.enter() runs site with stdio silenced first */
+    c.install_signal_handlers = 0;
+    c.configure_c_stdio = 0;
+    c.parse_argv = 0;
+    c.pathconfig_warnings = 0;
+    c.write_bytecode = 0;           /* never write into an installation that is not ours */
+    c.buffered_stdio = 1;
+    /* Python works out its prefix, a venv and the standard library from its executable. */
+    PyStatus st = PyConfig_SetBytesString(&c, &c.executable, exe);
+    if (!PyStatus_Exception(st)) st = PyConfig_SetBytesString(&c, &c.program_name, exe);
+    if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&c);
+    PyConfig_Clear(&c);
+    if (PyStatus_Exception(st)) {
+        snprintf(why, whylen, "python_init_failed: %s (executable %s)", st.err_msg ? st.err_msg : "?", exe);
+        return -1;
+    }
+    PyEval_SaveThread();            /* every callback takes the GIL itself */
+    pthread_atfork(rse_fork_prepare, rse_fork_parent, rse_fork_child);
+    return 0;
+}
+
+/* Runs rdmasock/_world.py's enter(exe, root, own).  Caller holds the GIL. */
+static int enter_world(const char *exe, const char *root, int own, char *why, int whylen)
+{
+    PyObject *globals = PyDict_New(), *name = PyUnicode_FromString("rdmasock._world"), *r = NULL;
+    if (globals && name && PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) == 0 &&
+        PyDict_SetItemString(globals, "__name__", name) == 0)
+        r = PyRun_String(RSE_WORLD_PY, Py_file_input, globals, globals);
+    Py_XDECREF(name);
+    if (r) {
+        Py_DECREF(r);
+        PyObject *enter = PyDict_GetItemString(globals, "enter");
+        r = enter ? PyObject_CallFunction(enter, "ssi", exe, root, own) : NULL;
+    }
+    Py_XDECREF(globals);
+    if (r) { Py_DECREF(r); return 0; }
+    char text[1536];
+    exc_text(text, sizeof text);
+    snprintf(why, whylen, "engine_import_failed: %s", text);
+    return -1;
+}
+
+/* sys.stderr swapped for a capture while cffi sets the engine up: its failure report would
+ * go to the host's stderr otherwise.  Caller holds the GIL. */
+static PyObject *swap_stderr(PyObject *to)
+{
+    PyObject *old = PySys_GetObject("stderr");
+    Py_XINCREF(old);
+    PySys_SetObject("stderr", to);
+    return old;
+}
+
+__attribute__((visibility("default"))) int rse_boot(const char *exe, const char *root, char *why, int whylen)
+{
+    char want[16];
+    snprintf(want, sizeof want, "%d.%d.", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    if (strncmp(Py_GetVersion(), want, strlen(want))) {
+        snprintf(why, whylen, "python_version_mismatch: the program runs Python %.16s, rdmasock was built for %d.%d",
+                 Py_GetVersion(), PY_MAJOR_VERSION, PY_MINOR_VERSION);
+        return -1;
+    }
+    int own = !Py_IsInitialized();
+    if (own && start_interpreter(exe, why, whylen) < 0) return -1;
+
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = enter_world(exe, root, own, why, whylen);
+    PyObject *io = rc == 0 ? PyImport_ImportModule("io") : NULL;
+    PyObject *capture = io ? PyObject_CallMethod(io, "StringIO", NULL) : NULL;
+    Py_XDECREF(io);
+    PyObject *saved = NULL;
+    if (rc == 0 && !capture) {
+        exc_text(why, whylen);
+        rc = -1;
+    }
+    if (rc == 0) saved = swap_stderr(capture);
+    PyGILState_Release(g);
+    if (rc < 0) return -1;
+
+    int started = cffi_start_python();
+
+    g = PyGILState_Ensure();
+    swap_stderr(saved);
+    Py_XDECREF(saved);
+    if (started != 0) {
+        PyObject *text = PyObject_CallMethod(capture, "getvalue", NULL);
+        const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+        /* cffi's report ends "...\nError: message\n\nFrom: ...": keep the error line. */
+        char line[1024] = "?";
+        if (t) {
+            const char *end = strstr(t, "\n\nFrom:");
+            const char *stop = end ? end : t + strlen(t);
+            const char *start = stop;
+            while (start > t && start[-1] != '\n') start--;
+            snprintf(line, sizeof line, "%.*s", (int)(stop - start), start);
+        }
+        snprintf(why, whylen, "engine_import_failed: %s", line);
+        Py_XDECREF(text);
+        PyErr_Clear();
+    }
+    Py_XDECREF(capture);
+    PyGILState_Release(g);
+    return started != 0 ? -1 : 0;
+}
