@@ -5,7 +5,7 @@
 #
 # RDMA needs the libibverbs headers at build time (libibverbs-dev); the library itself
 # loads no libibverbs unless a connection uses RDMA.  A build without the headers stops
-# with instructions, unless RDMASOCK_BUILD_RDMA=0 asks for a shm-only library on purpose.
+# with instructions; RDMASOCK_BUILD_RDMA=0 builds a shm-only library on purpose.
 import glob
 import os
 import sys
@@ -25,6 +25,13 @@ def have_verbs_headers(compiler):
 
 
 class BuildWithPreload(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        # Always compile: build/ in the source tree outlives builds, and an extension whose
+        # sources look older than its output (a changed header, RDMASOCK_BUILD_RDMA) would
+        # otherwise be packaged stale.
+        self.force = True
+
     def run(self):
         self.check_verbs()
         super().run()
@@ -54,6 +61,8 @@ class BuildWithPreload(build_ext):
             raise RuntimeError("rdmasock._engine was not built")
         macros = [("RS_PY_VERSION", '"%d.%d"' % sys.version_info[:2]),
                   ("RS_ENGINE_FILE", '"%s"' % os.path.basename(max(engines, key=os.path.getmtime)))]
+        if os.environ.get("RDMASOCK_BUILD_RDMA") == "0":
+            macros.append(("RS_NO_VERBS", "1"))
         objects = self.compiler.compile(sources, output_dir=self.build_temp, macros=macros,
                                         include_dirs=["shim"],
                                         extra_postargs=["-O2", "-std=gnu11", "-fPIC", "-fvisibility=hidden", "-Wall",

@@ -2,6 +2,7 @@
 
 Run by the package install (cffi_modules in pyproject.toml); paths are relative to the
 project root, where setuptools runs it."""
+import glob
 import os
 
 import cffi
@@ -79,6 +80,8 @@ ffibuilder.set_source(
     '#include "rs_conn.h"',
     sources=SOURCES,
     include_dirs=["shim"],
+    depends=sorted(glob.glob("shim/*.h")),             # a header change rebuilds the module
+    define_macros=[("RS_NO_VERBS", "1")] if os.environ.get("RDMASOCK_BUILD_RDMA") == "0" else [],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-ffile-prefix-map=%s=." % ROOT],
 )
 

@@ -28,7 +28,7 @@
 #include "rs_rdma.h"
 #include "rs_sys.h"
 
-#if defined(__has_include)
+#if defined(__has_include) && !defined(RS_NO_VERBS)       /* RS_NO_VERBS: RDMASOCK_BUILD_RDMA=0 */
 #if __has_include(<infiniband/verbs.h>)
 #include <infiniband/verbs.h>
 #define RS_HAVE_VERBS 1

@@ -204,3 +204,20 @@ def test_broken_install_is_silent(area, wheel):
     assert "engine=unavailable transport=tcp reason=engine_import_failed" in text, text
     assert "_cffi_backend" in text and "sys.path=" in text, text
     assert "NOT" in _doctor(venv)["preload engine"]
+
+
+def test_build_without_rdma_is_reported(area):
+    """RDMASOCK_BUILD_RDMA=0 builds a shm-only library on purpose: it still upgrades to
+    shm, and doctor says plainly that RDMA is missing from the build and what to do."""
+    out = os.path.join(area, "wheelhouse-nordma")
+    env = dict(os.environ, RDMASOCK_BUILD_RDMA="0")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", out, REPO],
+         env=env)
+    whl = glob.glob(os.path.join(out, "rdmasock-*.whl"))[0]
+    venv = _venv(area, "nordma-venv", whl, system_site=True)
+    lines, served, client = _curl_through(venv, area)
+    assert served and client and all("transport=shm" in l for l in served + client), "\n".join(lines)
+    doc = _doctor(venv)
+    assert doc["build"].startswith("NO RDMA: this build of rdmasock has no RDMA support"), doc
+    assert "apt-get install libibverbs-dev" in doc["build"], doc
+    assert doc["RDMA"].startswith("not usable: this build of rdmasock has no RDMA support"), doc
