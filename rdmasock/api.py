@@ -518,7 +518,7 @@ class socket(_base):
         if h is not None:
             h.close()
         if self._lmarker is not None:
-            self._lmarker.close()
+            rendezvous.close_marker(self._lmarker)
             self._lmarker = None
         super()._real_close()
 
@@ -527,7 +527,7 @@ class socket(_base):
             self._finish_handshake_for_close()
         c, self._conn = self._conn, None
         if self._lmarker is not None:
-            self._lmarker.close()
+            rendezvous.close_marker(self._lmarker)
             self._lmarker = None
         fd = super().detach()
         if c is not None:

@@ -78,7 +78,7 @@ def listen(fd):
         return 0
     old = _listeners.pop(fd, None)
     if old is not None:
-        old.close()
+        rendezvous.close_marker(old)
     _listeners[fd] = marker
     return 1
 
@@ -86,7 +86,7 @@ def listen(fd):
 def unlisten(fd):
     m = _listeners.pop(fd, None)
     if m is not None:
-        m.close()
+        rendezvous.close_marker(m)
 
 
 def connect_plan(fd, sockaddr_bytes):

@@ -23,6 +23,7 @@ REASONS = {
     17: ("rdma_setup_failed", "creating the RDMA queue pair or memory regions failed"),
     18: ("rdma_connect_failed", "the peers' RDMA parameters did not fit or the queue pair did not connect"),
     19: ("rdma_failed", "the RDMA transport failed mid-stream: the connection went on over TCP"),
+    20: ("peer_unverified", "a rendezvous name exists, but its owner is not the owner of the TCP endpoint"),
 }
 
 # RdmaUnavailable.reason (rdmasock.devices, rdma_setup, transport_rdma) -> reason code name

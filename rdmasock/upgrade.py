@@ -61,7 +61,10 @@ def plan_client(sock, family, sockaddr):
         return "disabled", None
     if cfg.excluded(host, port):
         return "excluded", None
-    if not rendezvous.listener_exists(host, port):
+    status, _detail = rendezvous.listener_status(host, port)
+    if status == "unverified":
+        return "peer_unverified", None        # a name whose owner is not the listener's
+    if status == "absent":
         # Another host (or network namespace): no rendezvous reaches it, so only a peer
         # listed in RDMASOCK_PEERS gets a HELLO, and only rdma can carry it.
         if not cfg.listed_peer(host, port):
@@ -83,7 +86,7 @@ def plan_client(sock, family, sockaddr):
         local = sock.getsockname()
     elif rendezvous.norm_ip(local[0]) == "*":
         return "excluded", None                 # wildcard-bound client port: name unknowable
-    marker = rendezvous.register_client(local[0], local[1])
+    marker = rendezvous.register_client(sock, local[0], local[1])
     return (None, marker) if marker is not None else ("marker_busy", None)
 
 
@@ -98,9 +101,10 @@ def server_plan(local, peer):
         return "excluded"
     if "shm" not in cfg.transports and "rdma" not in cfg.transports:
         return "no_common_transport"
-    if rendezvous.client_exists(peer[0], peer[1]) or cfg.listed_peer(peer[0], local[1]):
+    status, _detail = rendezvous.client_status(peer, local)
+    if status == "ok" or cfg.listed_peer(peer[0], local[1]):
         return None
-    return "peer_not_rdmasock"
+    return "peer_unverified" if status == "unverified" else "peer_not_rdmasock"
 
 
 def release(conn):
@@ -278,12 +282,7 @@ class Client(_Side):
             return self._accept_rdma(msg)
         if msg.transports != hs.T_SHM or self.marker is None:
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT of a transport we did not offer")
-        fd = None
-        for _ in range(200):                   # sent before ACCEPT: normally already queued
-            fd = rendezvous.recv_fd(self.marker, self.nonce)
-            if fd is not None:
-                break
-            time.sleep(0.005)
+        fd = rendezvous.recv_fd(self.marker, self.nonce)    # passed before the ACCEPT was sent
         if fd is None:
             raise hs.HandshakeError("fd_pass_failed", "rdmasock: handshake: shared memory descriptor never arrived")
         try:
@@ -312,7 +311,7 @@ class Client(_Side):
 
     def close(self):
         if self.marker is not None:
-            self.marker.close()
+            rendezvous.close_marker(self.marker)
             self.marker = None
         if self.rdma is not None:
             self.rdma.close()

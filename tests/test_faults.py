@@ -76,7 +76,7 @@ def _fake_rdmasock_client(port, payload):
     and then sends payload instead of a valid one."""
     c = socket.socket()
     c.bind(("127.0.0.1", 0))
-    marker = rendezvous.register_client(*c.getsockname())
+    marker = rendezvous.register_client(c, *c.getsockname())
     c.connect(("127.0.0.1", port))
     c.sendall(payload)
     return c, marker
@@ -222,7 +222,7 @@ def test_fake_descriptor_from_third_party_is_ignored():
     """Anyone may send to a client's abstract name; without the nonce it is discarded."""
     c = socket.socket()
     c.bind(("127.0.0.1", 0))
-    marker = rendezvous.register_client(*c.getsockname())
+    marker = rendezvous.register_client(c, *c.getsockname())
     fake = os.memfd_create("evil")
     rendezvous.send_fd("127.0.0.1", c.getsockname()[1], b"\0" * 16, fake)
     assert rendezvous.recv_fd(marker, b"\1" * 16) is None
