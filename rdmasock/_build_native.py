@@ -9,43 +9,64 @@ import cffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SOURCES = ["shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
+SOURCES = ["shim/rs_contract.c", "shim/rs_wait.c", "shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
            "shim/rs_preamble.c",
            "shim/rs_rdma.c", "shim/rs_fallback.c"]
 
 CDEF = """
+#define RS_STEP_PENDING ...
+#define RS_STEP_RING ...
+#define RS_STEP_TCP ...
+#define RS_STEP_PRE_RX ...
+#define RS_STEP_CONNECTING ...
+#define RS_ROLE_CLIENT ...
+#define RS_ROLE_SERVER ...
+#define RS_TRANSPORT_TCP ...
+#define RS_TRANSPORT_SHM ...
+#define RS_TRANSPORT_RDMA ...
+const char *rs_reason_name(int code);
+const char *rs_reason_text(int code);
+struct rs_tx {
+    uint64_t bytes;
+    uint64_t records;
+    uint8_t fin_sent;
+    ...;
+};
+struct rs_rx {
+    uint64_t bytes;
+    uint64_t records;
+    uint64_t sleeps;
+    uint64_t bells_drained;
+    uint8_t fin_seen;
+    uint8_t pre;
+    uint32_t pre_left;
+    ...;
+};
 typedef struct rs_conn {
     int fd;
     uint32_t ring_size;
     uint32_t max_payload;
     uint64_t salt;
-    uint64_t tx_bytes;
-    uint64_t rx_bytes;
-    uint64_t bells_drained;
-    uint8_t fin_seen;
-    uint8_t fin_sent;
-    uint8_t tcp_eof;
-    uint8_t shut_rd;
-    uint8_t rx_pre;
-    uint32_t pre_left;
     int err;
+    uint8_t tcp_eof;
     uint8_t fb;
     uint8_t fb_done;
-    uint64_t stat_bells_sent;
-    uint64_t stat_sleeps;
-    uint64_t stat_records_tx;
-    uint64_t stat_records_rx;
+    uint64_t bells_sent;
+    struct rs_tx tx;
+    struct rs_rx rx;
     ...;
 } rs_conn;
 rs_conn *rs_conn_new_tcp(int fd);
 ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_pre_switch(int fd);
-rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns);
+struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
+rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
 long rs_fd_recv(int fd, void *buf, size_t n, int flags);
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_send_fin(rs_conn *c);
+void rs_shutdown_rd(rs_conn *c);
 int rs_tx_writable(rs_conn *c);
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t rs_rx_available(rs_conn *c);
@@ -62,6 +83,7 @@ struct rs_rdma_params {
 #define RS_RDMA_OFF_MIRROR 64
 #define RS_RDMA_OFF_SYNC 128
 #define RS_RDMA_HDR 4096
+#define RS_SEG_HDR_SIZE ...
 int rs_rdma_supported(void);
 void *rs_rdma_alloc(uint32_t ring_size, size_t *len_out);
 void rs_rdma_unalloc(void *base, size_t len);
@@ -70,14 +92,17 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
 int rs_rdma_quiesce(rs_conn *c, int timeout_ms);
 void rs_rdma_drain(rs_conn *c);
 
-void *rs_shm_map(int memfd, size_t *len_out, int *err);
+int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
+int rs_ring_memory_reserve(size_t n);
+void rs_ring_memory_release(size_t n);
+uint64_t rs_ring_memory_in_use(void);
 """
 
 ffibuilder = cffi.FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "rdmasock._native",
-    '#include "rs_conn.h"',
+    '#include "rs_conn.h"\n#include "rs_contract.h"',
     sources=SOURCES,
     include_dirs=["shim"],
     depends=sorted(glob.glob("shim/*.h")),             # a header change rebuilds the module

@@ -266,7 +266,7 @@ class socket(_base):
     def _preamble_done(self):
         """The declined server has unwrapped the client's preamble: plain TCP from now on."""
         c = self._rxpre
-        if c is not None and not c.rx_pre:
+        if c is not None and not c.rx.pre:
             self._rxpre = None
             lib.rs_conn_free(c)
 
@@ -279,11 +279,11 @@ class socket(_base):
         sockaddr = infos[0][4] if infos else address
         if self._conn is not None or self._hs is not None or PRELOADED:
             return sockaddr, None
-        reason, marker = upgrade.plan_client(self, self.family, sockaddr)
+        reason, marker, reserved = upgrade.plan_client(self, self.family, sockaddr)
         if reason:
             self.fallback_reason = reason
             return sockaddr, None
-        return sockaddr, upgrade.Client(self, marker)
+        return sockaddr, upgrade.Client(self, marker, reserved)
 
     def connect(self, address):
         sockaddr, client = self._client_plan(address)
@@ -487,7 +487,7 @@ class socket(_base):
         if c is None:
             return _base.shutdown(self, how)
         if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
-            c.shut_rd = 1
+            lib.rs_shutdown_rd(c)
         if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
             lib.rs_send_fin(c)
 
@@ -577,9 +577,9 @@ class socket(_base):
         c = self._conn
         if c is None:
             return {"transport": self.transport, "fallback_reason": self.fallback_reason}
-        return {"transport": self.transport, "bytes_sent": c.tx_bytes, "bytes_received": c.rx_bytes,
-                "records_sent": c.stat_records_tx, "records_received": c.stat_records_rx,
-                "doorbells_sent": c.stat_bells_sent, "sleeps": c.stat_sleeps}
+        return {"transport": self.transport, "bytes_sent": c.tx.bytes, "bytes_received": c.rx.bytes,
+                "records_sent": c.tx.records, "records_received": c.rx.records,
+                "doorbells_sent": c.bells_sent, "sleeps": c.rx.sleeps}
 
 
 _ERRCLS = {

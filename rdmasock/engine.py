@@ -11,25 +11,23 @@ import socket as _socket
 import time
 
 from . import config, handshake as hs, log, reasons, rendezvous, upgrade
-from ._native import ffi
+from ._native import ffi, lib
 
-STEP_PENDING, STEP_RING, STEP_TCP, STEP_PRE_RX, STEP_CONNECTING = 0, 1, 2, 3, 4
+STEP_PENDING, STEP_RING, STEP_TCP = lib.RS_STEP_PENDING, lib.RS_STEP_RING, lib.RS_STEP_TCP
+STEP_PRE_RX, STEP_CONNECTING = lib.RS_STEP_PRE_RX, lib.RS_STEP_CONNECTING
 
-_listeners = {}        # app fd -> rendezvous marker socket
+_listeners = {}        # handle -> rendezvous marker socket
 _handshakes = {}       # handle -> _Handshake
 _next = [1]
 
 
 class AppSocket(_socket.socket):
-    """A socket object over a duplicate of the application's descriptor (same open
-    file); fileno() answers the application's number, which the C connection keeps."""
+    """A socket object over a duplicate of the application's descriptor (the same open
+    file).  The engine works on its own duplicate, never on the application's number:
+    that number may be closed and reused while a handshake is in progress."""
 
     def __init__(self, app_fd):
         super().__init__(fileno=os.dup(app_fd))
-        self.app_fd = app_fd
-
-    def fileno(self):
-        return self.app_fd
 
 
 class _Handshake:
@@ -47,10 +45,10 @@ class _Handshake:
         self.sock.close()
 
 
-def _new_handle(h):
+def _new_handle(table, item):
     n = _next[0]
     _next[0] = n + 1 if n < 0x7FFFFFF0 else 1
-    _handshakes[n] = h
+    table[n] = item
     return n
 
 
@@ -63,6 +61,7 @@ def _log(role, sock, transport, reason):
 
 
 def listen(fd):
+    """A listener: its rendezvous name.  Returns a handle (> 0) or 0."""
     cfg = config.get()
     if cfg.disabled or ("shm" not in cfg.transports and "rdma" not in cfg.transports):
         return 0
@@ -76,15 +75,11 @@ def listen(fd):
         s.close()
     if marker is None:
         return 0
-    old = _listeners.pop(fd, None)
-    if old is not None:
-        rendezvous.close_marker(old)
-    _listeners[fd] = marker
-    return 1
+    return _new_handle(_listeners, marker)
 
 
-def unlisten(fd):
-    m = _listeners.pop(fd, None)
+def unlisten(handle):
+    m = _listeners.pop(handle, None)
     if m is not None:
         rendezvous.close_marker(m)
 
@@ -95,14 +90,14 @@ def connect_plan(fd, sockaddr_bytes):
     s = AppSocket(fd)
     try:
         addr = _socket_address(s.family, sockaddr_bytes)
-        reason, marker = upgrade.plan_client(s, s.family, addr)
+        reason, marker, reserved = upgrade.plan_client(s, s.family, addr)
     except BaseException:
         s.close()
         raise
     if reason is not None:
         s.close()
         return -reasons.CODE_BY_NAME[reason]
-    return _new_handle(_Handshake(s, upgrade.Client(s, marker), "client", addr))
+    return _new_handle(_handshakes, _Handshake(s, upgrade.Client(s, marker, reserved), "client", addr))
 
 
 def plain(fd, code):
@@ -146,7 +141,7 @@ def accept(lfd, fd):
     except OSError:
         s.close()
         return 0
-    return _new_handle(_Handshake(s, upgrade.Server(s), "server"))
+    return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s), "server"))
 
 
 def drop(handle):
@@ -180,7 +175,7 @@ def step(handle, wait_ms, out):
     if outcome is None:
         return STEP_PENDING
     try:
-        pre = upgrade.after_answer(side, outcome, h.sock.app_fd)
+        pre = upgrade.after_answer(side, outcome, h.sock.fileno())
     except MemoryError:
         _finish(handle, h, "tcp", "shm_unavailable")
         return -errno.ENOMEM

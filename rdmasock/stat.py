@@ -11,7 +11,7 @@ import psutil
 
 from . import reasons
 
-HDR = struct.Struct("<IIII")
+HDR = struct.Struct("<IIIIIIQQ")                # struct rs_stat_hdr (its first 40 of 64 bytes)
 HDR_SIZE = 64
 SLOT = struct.Struct("<IiBBH28s28s4xQQ8x")     # struct rs_stat_slot, 96 bytes
 MAGIC = 0x5453534B
@@ -62,10 +62,11 @@ def collect():
             entry["error"] = exc.strerror
             tables = []
         for data in tables:
-            magic, _version, nslots, slot_size = HDR.unpack_from(data)
-            owner = struct.unpack_from("<I", data, 16)[0]
+            magic, version, nslots, slot_size, owner, _, ring_bytes, ring_max = HDR.unpack_from(data)
             if magic != MAGIC or owner != proc.info["pid"] or slot_size != SLOT.size:
                 continue                         # a parent's table inherited across fork
+            if version >= 2:
+                entry["ring_memory"], entry["ring_memory_max"] = ring_bytes, ring_max
             for i in range(nslots):
                 off = HDR_SIZE + i * slot_size
                 if off + slot_size > len(data):
@@ -97,4 +98,8 @@ def main(as_json=False):
         for c in p["connections"]:
             print(fmt % (p["pid"], p["name"][:16], c["fd"], c["role"], c["local"], c["peer"], c["transport"],
                          c["bytes_sent"], c["bytes_received"], c["fallback_reason"] or ""))
+    for p in procs:
+        if "ring_memory" in p:
+            print("%d %s: ring memory %.1f MiB of %.1f MiB (RDMASOCK_RING_MEMORY_MAX)"
+                  % (p["pid"], p["name"], p["ring_memory"] / 2**20, p["ring_memory_max"] / 2**20))
     return 0

@@ -15,6 +15,8 @@ reach that connection's memory and nothing else):
 
 The PARAMS of both sides travel in the handshake (HELLO / ACCEPT extension); the QP then
 goes INIT -> RTR -> RTS and the C data path (shim/rs_rdma.c) posts the work requests."""
+import errno
+
 from . import config, rdma_setup
 from ._native import ffi, lib
 from .devices import RdmaUnavailable
@@ -37,6 +39,9 @@ class Side:
         lenp = ffi.new("size_t *")
         base = lib.rs_rdma_alloc(ring_size, lenp)
         if base == ffi.NULL:
+            if ffi.errno == errno.ENOBUFS:
+                raise RdmaUnavailable("ring_memory_limit", "RDMASOCK_RING_MEMORY_MAX would be exceeded (%d bytes in use)"
+                                      % lib.rs_ring_memory_in_use())
             raise RdmaUnavailable("rdma_setup_failed", "cannot allocate %d bytes of ring memory" % (2 * ring_size))
         self.base, self.length, self.ep = base, lenp[0], None
         addr = int(ffi.cast("uintptr_t", base))

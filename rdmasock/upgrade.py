@@ -54,24 +54,25 @@ def _wait(fd, events, deadline):
 def plan_client(sock, family, sockaddr):
     """Before connect: may this client offer an upgrade?  An unbound socket is bound to a
     local address on the destination's side, so its rendezvous name is known before the
-    first byte; that name is registered.  Returns (None, marker) or (reason, None)."""
+    first byte; that name is registered.  Returns (None, marker, reserved) or (reason, None,
+    0); `reserved`: ring memory held for the segment shm will map."""
     cfg = config.get()
     host, port = sockaddr[0], sockaddr[1]
     if cfg.disabled:
-        return "disabled", None
+        return "disabled", None, 0
     if cfg.excluded(host, port):
-        return "excluded", None
+        return "excluded", None, 0
     status, _detail = rendezvous.listener_status(host, port)
     if status == "unverified":
-        return "peer_unverified", None        # a name whose owner is not the listener's
+        return "peer_unverified", None, 0        # a name whose owner is not the listener's
     if status == "absent":
         # Another host (or network namespace): no rendezvous reaches it, so only a peer
         # listed in RDMASOCK_PEERS gets a HELLO, and only rdma can carry it.
         if not cfg.listed_peer(host, port):
-            return "peer_not_rdmasock", None
-        return (None, None) if "rdma" in cfg.transports else ("no_common_transport", None)
+            return "peer_not_rdmasock", None, 0
+        return (None, None, 0) if "rdma" in cfg.transports else ("no_common_transport", None, 0)
     if "shm" not in cfg.transports and "rdma" not in cfg.transports:
-        return "no_common_transport", None
+        return "no_common_transport", None, 0
     local = sock.getsockname()
     if local[1] == 0:
         ip = host
@@ -82,12 +83,20 @@ def plan_client(sock, family, sockaddr):
         except OSError as exc:
             if not rendezvous.is_local_bind_error(exc):
                 raise
-            return "not_local", None
+            return "not_local", None, 0
         local = sock.getsockname()
     elif rendezvous.norm_ip(local[0]) == "*":
-        return "excluded", None                 # wildcard-bound client port: name unknowable
+        return "excluded", None, 0              # wildcard-bound client port: name unknowable
+    reserved = 0
+    if "shm" in cfg.transports:
+        reserved = transport_shm.reserve(cfg.ring_size)
+        if reserved is None:
+            return "ring_memory_limit", None, 0
     marker = rendezvous.register_client(sock, local[0], local[1])
-    return (None, marker) if marker is not None else ("marker_busy", None)
+    if marker is None:
+        transport_shm.unreserve(reserved)
+        return "marker_busy", None, 0
+    return None, marker, reserved
 
 
 def server_plan(local, peer):
@@ -144,7 +153,7 @@ def after_answer(side, outcome, fd):
     if not outcome.preamble:
         return None
     if outcome.conn is not None:
-        outcome.conn.rx_pre = 1
+        outcome.conn.rx.pre = 1
         return None
     pre = lib.rs_conn_new_tcp(fd)
     if pre == ffi.NULL:
@@ -217,9 +226,10 @@ class _Side:
 class Client(_Side):
     """Client side: HELLO after connect, then ACCEPT (+ descriptor) or DECLINE."""
 
-    def __init__(self, sock, marker):
+    def __init__(self, sock, marker, reserved=0):
         super().__init__(sock)
         self.marker = marker
+        self.reserved = reserved     # ring memory held for the segment (transport_shm.reserve)
         self.nonce = secrets.token_bytes(16)
         self.hello_sent = False
         self.rdma = None             # transport_rdma.Side while rdma is offered
@@ -282,11 +292,15 @@ class Client(_Side):
             return self._accept_rdma(msg)
         if msg.transports != hs.T_SHM or self.marker is None:
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT of a transport we did not offer")
+        if msg.ring_log2 > config.get().ring_size.bit_length() - 1:
+            # the segment would take more of the ring memory budget than we reserved
+            raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT grants a larger ring than offered")
         fd = rendezvous.recv_fd(self.marker, self.nonce)    # passed before the ACCEPT was sent
         if fd is None:
             raise hs.HandshakeError("fd_pass_failed", "rdmasock: handshake: shared memory descriptor never arrived")
+        reserved, self.reserved = self.reserved, 0
         try:
-            conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us)
+            conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us, reserved)
         except OSError as exc:
             raise hs.HandshakeError("shm_unavailable", "rdmasock: handshake: cannot map the peer's segment: %s" % exc)
         finally:
@@ -310,6 +324,8 @@ class Client(_Side):
         return Outcome("rdma", conn=conn)
 
     def close(self):
+        transport_shm.unreserve(self.reserved)
+        self.reserved = 0
         if self.marker is not None:
             rendezvous.close_marker(self.marker)
             self.marker = None
@@ -391,6 +407,8 @@ class Server(_Side):
             stage = "fd_pass_failed"
             peer = self.sock.getpeername()
             rendezvous.send_fd(peer[0], peer[1], hello.nonce, memfd)
+        except transport_shm.RingMemoryLimit:
+            return Outcome("tcp", "ring_memory_limit")
         except OSError:
             if stage == "fd_pass_failed":
                 transport_shm.release(conn)

@@ -5,42 +5,104 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include "rs_conn.h"
 #include "rs_sys.h"
+
+/* The socket moves to another descriptor (the application closed the number we used):
+ * from now on calls use newfd, and this returns once no short call still uses the old
+ * one, so the caller may close it. */
+void rs_conn_move_fd(rs_conn *c, int newfd)
+{
+    __atomic_store_n(&c->fd, newfd, __ATOMIC_SEQ_CST);
+    for (unsigned i = 0; __atomic_load_n(&c->fd_users, __ATOMIC_SEQ_CST); i++)
+        if (i > 64) sched_yield();                  /* a non-blocking call: microseconds */
+}
+
+/* In a child after fork, threads that held the connection's locks do not exist. */
+void rs_conn_after_fork_child(rs_conn *c)
+{
+    c->fd_users = 0;
+    c->rx.lock.v = c->tx.lock.v = 0;
+    rs_rdma_after_fork_child(c);
+}
+
+long rs_c_send(rs_conn *c, const void *b, size_t n, int flags)
+{
+    long r = rs_sys_send(rs_fd_enter(c), b, n, flags | MSG_DONTWAIT);
+    rs_fd_leave(c);
+    return r;
+}
+
+long rs_c_recv(rs_conn *c, void *b, size_t n, int flags)
+{
+    long r = rs_sys_recv(rs_fd_enter(c), b, n, flags | MSG_DONTWAIT);
+    rs_fd_leave(c);
+    return r;
+}
+
+/* poll(2) on the connection's socket.  Returns the poll result; a wait cut short because
+ * the socket moved to another descriptor returns 0 with *revents 0 (look again). */
+int rs_c_poll(rs_conn *c, short events, int timeout_ms, short *revents)
+{
+    int fd = rs_fd_peek(c);
+    struct pollfd p = { .fd = fd, .events = events };
+    int r = rs_sys_poll(&p, 1, timeout_ms);
+    if (rs_fd_peek(c) != fd) { *revents = 0; return 0; }
+    *revents = r > 0 ? p.revents : 0;
+    return r;
+}
+
+int rs_c_sockerr(rs_conn *c)
+{
+    int e = rs_sys_sockerr(rs_fd_enter(c));
+    rs_fd_leave(c);
+    return e;
+}
+
+/* A zeroed connection, aligned for the cache-line-aligned locks in it. */
+rs_conn *rs_conn_alloc(void)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(rs_conn))) return NULL;
+    memset(p, 0, sizeof(rs_conn));
+    return p;
+}
 
 /* A connection without rings: the server declined, but the client's preamble frames must
  * still be unwrapped before the stream is plain TCP again. */
 rs_conn *rs_conn_new_tcp(int fd)
 {
-    rs_conn *c = calloc(1, sizeof *c);
+    rs_conn *c = rs_conn_alloc();
     if (!c) return NULL;
     c->fd = fd;
-    c->rx_pre = 1;
+    c->rx.pre = 1;
     return c;
 }
 
-/* Takes ownership of the mapping [base, base+len).  The server consumes ring 0 and
- * produces into ring 1; the client the other way round. */
-rs_conn *rs_conn_attach_shm(void *base, size_t len, int fd, int is_server, uint32_t spin_ns)
+/* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
+ * header, which is never read again for them).  The server consumes ring 0 and produces
+ * into ring 1; the client the other way round. */
+rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
 {
-    struct rs_seg_hdr *h = base;
-    rs_conn *c = calloc(1, sizeof *c);
+    struct rs_seg_hdr *h = seg->base;
+    rs_conn *c = rs_conn_alloc();
     if (!c) return NULL;
     c->fd = fd;
-    c->ring_size = h->ring_size;
-    c->mask = h->ring_size - 1;
-    c->max_payload = rs_max_payload(h->ring_size);
-    c->salt = h->salt;
-    uint8_t *ring0 = (uint8_t *)base + RS_SEG_HDR_SIZE, *ring1 = ring0 + h->ring_size;
+    c->ring_size = seg->ring_size;
+    c->mask = seg->ring_size - 1;
+    c->max_payload = rs_max_payload(seg->ring_size);
+    c->salt = seg->salt;
+    uint8_t *ring0 = (uint8_t *)seg->base + RS_SEG_HDR_SIZE, *ring1 = ring0 + seg->ring_size;
     int rx_dir = is_server ? RS_DIR_C2S : RS_DIR_S2C;
-    c->rx_ctl = &h->dir[rx_dir];
-    c->tx_ctl = &h->dir[1 - rx_dir];
-    c->rx_ring = rx_dir == RS_DIR_C2S ? ring0 : ring1;
-    c->tx_ring = rx_dir == RS_DIR_C2S ? ring1 : ring0;
-    c->spin_ns = c->spin_cur = spin_ns;
-    c->map_base = base;
-    c->map_len = len;
+    c->rx.ctl = &h->dir[rx_dir];
+    c->tx.ctl = &h->dir[1 - rx_dir];
+    c->rx.ring = rx_dir == RS_DIR_C2S ? ring0 : ring1;
+    c->tx.ring = rx_dir == RS_DIR_C2S ? ring1 : ring0;
+    c->spin_ns = c->rx.spin_cur = spin_ns;
+    c->map_base = seg->base;
+    c->map_len = seg->len;
     return c;
 }
 
@@ -48,21 +110,25 @@ void rs_conn_free(rs_conn *c)
 {
     if (!c) return;
     rs_rdma_free(c);
-    if (c->map_base) munmap(c->map_base, c->map_len);
+    if (c->map_base) {
+        munmap(c->map_base, c->map_len);
+        rs_ring_memory_release(c->map_len);
+    }
     free(c);
 }
 
 const char *rs_conn_errmsg(const rs_conn *c) { return c->errmsg; }
 
-/* Records the first error only: later failures are consequences of it. */
+/* Records the first error only: later failures are consequences of it.  Any thread may
+ * call it: one wins, writes the message, then publishes the error. */
 void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
 {
-    if (c->err) return;
-    c->err = err;
+    if (RS_GET(c->err) || __atomic_exchange_n(&c->err_claimed, 1, __ATOMIC_ACQ_REL)) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
     va_end(ap);
+    RS_SET(c->err, err);
 }
 
 /* recvfrom(2) for the control plane: Python's socket.recv waits for the socket's timeout

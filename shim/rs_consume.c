@@ -9,12 +9,15 @@
 #include <errno.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "rs_conn.h"
 #include "rs_sys.h"
 
 struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
 
-static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx_ring + (pos & c->mask)); }
+static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx.ring + (pos & c->mask)); }
 
 /* rdma: a NIC may make a packet's bytes visible in any order (Soft-RoCE under emulation
  * copies byte by byte), so a record can look wrong for an instant.  It is corrupt only if
@@ -23,16 +26,16 @@ static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(
 static int confirmed_corrupt(rs_conn *c, const struct cursor *cur, uint32_t lw, uint32_t f)
 {
     if (!c->rdma) return 1;
-    if (c->fb) return 0;        /* a WRITE cut short by the failure: the resend has the record */
+    if (RS_GET(c->fb)) return 0;        /* a WRITE cut short by the failure: the resend has the record */
     uint64_t now = rs_now_ns();
-    if (c->suspect_pos != cur->pos + 1 || c->suspect_lw != lw || c->suspect_footer != f) {
-        c->suspect_pos = cur->pos + 1;
-        c->suspect_lw = lw;
-        c->suspect_footer = f;
-        c->suspect_since = now;
+    if (c->rx.suspect_pos != cur->pos + 1 || c->rx.suspect_lw != lw || c->rx.suspect_footer != f) {
+        c->rx.suspect_pos = cur->pos + 1;
+        c->rx.suspect_lw = lw;
+        c->rx.suspect_footer = f;
+        c->rx.suspect_since = now;
         return 0;
     }
-    return now - c->suspect_since >= RS_SUSPECT_NS;
+    return now - c->rx.suspect_since >= RS_SUSPECT_NS;
 }
 
 /* Looks at the record starting at cur->pos.  1: complete (*lw set), 0: not there yet,
@@ -44,7 +47,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     if (lw == 0) return 0;
     uint32_t rec;
     if (lw >= RS_LEN_CTL_MIN) {
-        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN) {
+        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN && lw != RS_LEN_RESET) {
             if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: unknown control code 0x%08x at ring offset %u", lw, off);
             return -1;
@@ -63,7 +66,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
             return -1;
         }
     }
-    uint32_t f = __atomic_load_n((uint32_t *)(c->rx_ring + off + rec - 4), __ATOMIC_ACQUIRE);
+    uint32_t f = __atomic_load_n((uint32_t *)(c->rx.ring + off + rec - 4), __ATOMIC_ACQUIRE);
     if (f == 0) return 0;                                   /* still being written */
     if (f != rs_footer(c->salt, cur->seq, lw)) {
         if (!confirmed_corrupt(c, cur, lw, f)) return 0;
@@ -80,37 +83,40 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
 void rs_rx_publish_credit(rs_conn *c, int force)
 {
     if (c->rdma) { rs_rdma_publish_credit(c, force); return; }
-    struct rs_dir_ctl *k = c->rx_ctl;
-    uint64_t lag = c->rx_pos - c->rx_head_pub;
+    struct rs_dir_ctl *k = c->rx.ctl;
+    uint64_t lag = c->rx.pos - c->rx.head_pub;
     if (!lag && !force) return;
     if (!force && lag < c->ring_size / 4 && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
     if (lag) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_sfence();                 /* the re-zeroing is visible before the credit */
 #endif
-        __atomic_store_n(&k->head, c->rx_pos, __ATOMIC_RELEASE);
-        c->rx_head_pub = c->rx_pos;
+        __atomic_store_n(&k->head, c->rx.pos, __ATOMIC_RELEASE);
+        c->rx.head_pub = c->rx.pos;
     }
     rs_ring_bell(c, k, &k->credit_bells, RS_BELL_CREDIT);
 }
 
-/* Copies up to len payload bytes out of the ring.  With peek, nothing is consumed. */
+/* Copies up to len payload bytes out of the ring (caller holds rx_lock).  With peek,
+ * nothing is consumed.  One call walks at most one lap of the ring, whatever the peer
+ * keeps writing behind the cursor. */
 size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 {
-    if (c->fb_rx) return 0;                     /* the ring is done (rs_fallback.c) */
-    struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
+    if (c->rx.fb) return 0;                     /* the ring is done (rs_fallback.c) */
+    struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     size_t got = 0;
     int fin = 0;
-    while (got < len || (!cur.cur_len && !peek)) {
+    uint64_t lap_end = cur.pos + c->ring_size;
+    while ((got < len || (!cur.cur_len && !peek)) && cur.pos < lap_end) {
         if (!cur.cur_len) {
             uint32_t lw;
-            if (c->fin_seen || check_record(c, &cur, &lw) <= 0) break;
+            if (c->rx.fin_seen || check_record(c, &cur, &lw) <= 0) break;
             uint32_t off = (uint32_t)(cur.pos & c->mask);
-            if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN) {
-                if (!peek) memset(c->rx_ring + off, 0, 8);
+            if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
+                if (!peek) memset(c->rx.ring + off, 0, 8);
                 cur.pos += lw == RS_LEN_WRAP ? c->ring_size - off : 8;
                 cur.seq++;
-                if (lw == RS_LEN_FIN) { fin = 1; break; }
+                if (lw != RS_LEN_WRAP) { fin = lw == RS_LEN_RESET ? 2 : 1; break; }
                 continue;
             }
             cur.cur_len = lw;
@@ -120,36 +126,70 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
         uint32_t off = (uint32_t)(cur.pos & c->mask);
         size_t n = cur.cur_len - cur.cur_off;
         if (n > len - got) n = len - got;
-        memcpy(dst + got, c->rx_ring + off + 4 + cur.cur_off, n);
+        memcpy(dst + got, c->rx.ring + off + 4 + cur.cur_off, n);
         got += n;
         cur.cur_off += (uint32_t)n;
         if (cur.cur_off == cur.cur_len) {
             uint32_t rec = rs_rec_size(cur.cur_len);
-            if (!peek) { memset(c->rx_ring + off, 0, rec); c->stat_records_rx++; }
+            if (!peek) { memset(c->rx.ring + off, 0, rec); c->rx.records++; }
             cur.pos += rec;
             cur.seq++;
             cur.cur_len = cur.cur_off = 0;
         }
     }
     if (peek) return got;
-    c->rx_pos = cur.pos; c->rx_seq = cur.seq; c->rx_cur_len = cur.cur_len; c->rx_cur_off = cur.cur_off;
-    c->rx_bytes += got;
-    if (fin) c->fin_seen = 1;
+    __atomic_store_n(&c->rx.pos, cur.pos, __ATOMIC_RELAXED);    /* rx_activity reads it unlocked */
+    c->rx.seq = cur.seq; c->rx.cur_len = cur.cur_len; c->rx.cur_off = cur.cur_off;
+    c->rx.bytes += got;
+    if (fin) c->rx.fin_seen = 1;
+    if (fin == 2) c->rx.peer_reset = 1;
     rs_rx_publish_credit(c, 0);
     return got;
 }
 
-/* 1 if recv would return without waiting: data, EOF, or an error to report. */
-int rs_rx_ready(rs_conn *c)
+/* 1 if recv would return without waiting: data, EOF, or an error to report (caller holds
+ * rx_lock). */
+int rs_rx_ready_locked(rs_conn *c)
 {
-    if (c->rx_pre || !c->rx_ring) return 0;        /* the kernel socket tells */
-    if (c->fb_rx) return rs_fb_rx_ready(c);
-    if (c->rx_cur_len || c->fin_seen || c->err) return 1;
+    if (c->rx.pre || !c->rx.ring) return 0;        /* the kernel socket tells */
+    if (c->rx.fb) return rs_fb_rx_ready(c);
+    if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err) || c->rx.shut_rd) return 1;
     uint8_t dummy;
     rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
-    if (c->rx_cur_len || c->fin_seen || c->err) return 1;
-    if (c->fb) return rs_fb_rx_ready(c);        /* the ring has nothing more: the socket has the rest */
+    if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err)) return 1;
+    if (RS_GET(c->fb)) return rs_fb_rx_ready(c);        /* the ring has nothing more: the socket has the rest */
     return 0;
+}
+
+int rs_rx_ready(rs_conn *c)
+{
+    if (c->rx.pre || !c->rx.ring) return 0;
+    rs_lock(&c->rx.lock);
+    int r = rs_rx_ready_locked(c);
+    rs_unlock(&c->rx.lock);
+    return r;
+}
+
+/* shutdown(SHUT_RD): reads take what is there, then return 0.  The kernel's own SHUT_RD
+ * wakes any of our calls asleep on the socket, as it would wake a recv (rs_wait_fd); the
+ * peer sees nothing of it. */
+void rs_shutdown_rd(rs_conn *c)
+{
+    rs_lock(&c->rx.lock);
+    RS_SET(c->rx.shut_rd, 1);
+    rs_unlock(&c->rx.lock);
+    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_RD);
+    rs_fd_leave(c);
+}
+
+/* Without the lock: does the ring look as if there were something to read?  (A hint for
+ * spinning: the caller confirms under the lock.) */
+static int rx_activity(rs_conn *c)
+{
+    uint64_t pos = __atomic_load_n(&c->rx.pos, __ATOMIC_RELAXED);
+    return __atomic_load_n((uint32_t *)(c->rx.ring + (pos & c->mask)), __ATOMIC_RELAXED) != 0 ||
+           __atomic_load_n(&c->fb, __ATOMIC_RELAXED) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
+           __atomic_load_n(&c->rx.shut_rd, __ATOMIC_RELAXED);
 }
 
 /* Payload bytes receivable without waiting (FIONREAD). */
@@ -160,10 +200,10 @@ static ssize_t ring_available(rs_conn *c);
 static ssize_t pre_available(rs_conn *c)
 {
     uint8_t buf[4096];
-    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) return 0;
     size_t pos = 0, len = (size_t)n;
-    uint32_t left = c->pre_left;
+    uint32_t left = c->rx.pre_left;
     ssize_t total = 0;
     for (;;) {
         size_t take = left < len - pos ? left : len - pos;
@@ -171,7 +211,7 @@ static ssize_t pre_available(rs_conn *c)
         pos += take;
         left -= (uint32_t)take;
         if (left || pos + RS_PRE_HDR > len) return total;
-        if (buf[pos] == RS_PRE_SWITCH) return total + (c->rx_ring ? ring_available(c) : 0);
+        if (buf[pos] == RS_PRE_SWITCH) return total + (c->rx.ring ? ring_available(c) : 0);
         left = (uint32_t)buf[pos + 4] << 24 | (uint32_t)buf[pos + 5] << 16 | (uint32_t)buf[pos + 6] << 8 | buf[pos + 7];
         pos += RS_PRE_HDR;
     }
@@ -181,29 +221,31 @@ static ssize_t pre_available(rs_conn *c)
  * readiness): shm shares the producer's counter, rdma counts what has landed. */
 uint64_t rs_rx_produced(rs_conn *c)
 {
-    if (!c->rx_ring) return 0;
-    if (c->fb_rx) return c->rx_bytes + (uint64_t)rs_fb_rx_available(c);
-    return c->rx_bytes + (uint64_t)ring_available(c);
+    if (!c->rx.ring) return 0;
+    rs_lock(&c->rx.lock);
+    uint64_t r = c->rx.bytes + (uint64_t)(c->rx.fb ? rs_fb_rx_available(c) : ring_available(c));
+    rs_unlock(&c->rx.lock);
+    return r;
 }
 
 ssize_t rs_rx_available(rs_conn *c)
 {
-    if (c->rx_pre) return pre_available(c);
-    if (!c->rx_ring) return 0;
-    if (c->fb_rx) return rs_fb_rx_available(c);
-    return ring_available(c);
+    rs_lock(&c->rx.lock);
+    ssize_t r = c->rx.pre ? pre_available(c) : !c->rx.ring ? 0 : c->rx.fb ? rs_fb_rx_available(c) : ring_available(c);
+    rs_unlock(&c->rx.lock);
+    return r;
 }
 
 static ssize_t ring_available(rs_conn *c)
 {
-    struct cursor cur = { c->rx_pos, c->rx_seq, c->rx_cur_len, c->rx_cur_off };
+    struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     uint64_t total = cur.cur_len - cur.cur_off;
     if (cur.cur_len) { cur.pos += rs_rec_size(cur.cur_len); cur.seq++; }
-    for (uint64_t walked = 0; walked < c->ring_size && !c->fin_seen;) {
+    for (uint64_t walked = 0; walked < c->ring_size && !c->rx.fin_seen;) {
         uint32_t lw;
         if (check_record(c, &cur, &lw) <= 0) break;
         uint32_t step = lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(cur.pos & c->mask) : rs_rec_size(lw);
-        if (lw == RS_LEN_FIN) break;
+        if (lw == RS_LEN_FIN || lw == RS_LEN_RESET) break;
         if (lw != RS_LEN_WRAP) total += lw;
         cur.pos += step; cur.seq++; walked += step;
     }
@@ -214,31 +256,32 @@ static ssize_t ring_available(rs_conn *c)
  * did, so two processes sharing one CPU quickly stop burning each other's time slice. */
 int rs_peer_shares_cpu(rs_conn *c)
 {
-    if (!c->rx_ctl) return 0;
-    unsigned peer = __atomic_load_n(&c->rx_ctl->tx_cpu, __ATOMIC_RELAXED);
+    if (!c->rx.ctl) return 0;
+    unsigned peer = __atomic_load_n(&c->rx.ctl->tx_cpu, __ATOMIC_RELAXED);
     return peer && peer == (unsigned)sched_getcpu() + 1u;
 }
 
 static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek)
 {
     if (!c->spin_ns || rs_peer_shares_cpu(c)) return 0;
-    struct rs_dir_ctl *k = c->rx_ctl;
+    struct rs_dir_ctl *k = c->rx.ctl;
     /* Tell the producer it may skip the doorbell only if it would ring one (want_bell:
      * only we set it, when going idle).  In a busy exchange it is clear, and leaving the
      * line untouched saves a cache-line transfer per message; a peek absorbs nothing, so
      * it must never let the producer skip bells. */
     int publish = !peek && __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
     if (publish) {
-        __atomic_store_n(&k->spin_limit, c->rx_bytes + want, __ATOMIC_RELAXED);
+        __atomic_store_n(&k->spin_limit, c->rx.bytes + want, __ATOMIC_RELAXED);
         __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
-    uint64_t now0 = rs_now_ns(), end = now0 + c->spin_cur;
-    if (deadline_ns && end > deadline_ns) end = deadline_ns;
+    uint32_t budget = __atomic_load_n(&c->rx.spin_cur, __ATOMIC_RELAXED);
+    uint64_t now0 = rs_now_ns(), end = now0 + budget;
+    end = rs_earlier(end, deadline_ns);
     uint64_t yield_after = now0 + RS_PURE_SPIN_NS;
     int found = 0;
     for (unsigned i = 0;; i++) {
-        if (rs_rx_ready(c)) { found = 1; break; }
+        if (rx_activity(c)) { found = 1; break; }
         if ((i & 63) == 63) {
             uint64_t now = rs_now_ns();
             if (now >= end) break;
@@ -249,8 +292,9 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
     }
     if (publish) __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */
-    if (found) c->spin_cur = c->spin_cur * 2 > c->spin_ns ? c->spin_ns : c->spin_cur * 2;
-    else if (c->spin_cur > c->spin_ns / 64 + 500) c->spin_cur /= 2;
+    if (found) budget = budget * 2 > c->spin_ns ? c->spin_ns : budget * 2;
+    else if (budget > c->spin_ns / 64 + 500) budget /= 2;
+    __atomic_store_n(&c->rx.spin_cur, budget, __ATOMIC_RELAXED);
     return found;
 }
 
@@ -259,66 +303,91 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     ssize_t got = 0;
-    if (len == 0 || c->shut_rd) return 0;
-    while (c->rx_pre) {
-        ssize_t r = rs_pre_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms);
+    if (len == 0) return 0;
+    uint64_t deadline = rs_deadline(timeout_ms);      /* one timeout for the whole call */
+    while (RS_GET(c->rx.pre)) {
+        ssize_t r = rs_pre_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags,
+                                timeout_ms > 0 ? rs_ms_until(deadline) : timeout_ms);
         if (r == RS_PRE_OVER) break;
         if (r <= 0) return got ? got : r;
         got += r;
         if ((size_t)got == len || !(flags & RS_MSG_WAITALL) || (flags & RS_MSG_PEEK)) return got;
     }
     if ((size_t)got == len) return got;
-    ssize_t r = c->rx_ring ? ring_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms)
-                           : rs_tcp_recv(c->fd, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms);
+    if (timeout_ms > 0) timeout_ms = rs_ms_until(deadline);
+    ssize_t r = c->rx.ring ? ring_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms)
+                           : rs_tcp_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags, timeout_ms);
     if (r < 0) return got ? got : r;
     return got + r;
 }
+
+#define RS_RECORD_NAP_NS 200000u
 
 static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     size_t got = 0;
+    ssize_t r;
+    /* A record the ring says is there, or activity a spin saw, that yields nothing (being
+     * written, or a peer that only pretends to write) is looked at again at most twice,
+     * then waited for by napping; once the deadline is reached, looked at once more. */
+    int fruitless = 0, last_look = 0;
+    rs_lock(&c->rx.lock);
     for (;;) {
-        got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
+        size_t took = rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
+        got += took;
+        fruitless = took ? 0 : fruitless + 1;
         if (got == len || (got && !waitall)) {
             if (!peek) rs_rx_tidy(c);
-            return (ssize_t)got;
+            r = (ssize_t)got;
+            break;
         }
-        if (c->fin_seen) return (ssize_t)got;
-        if (c->err) return got ? (ssize_t)got : -c->err;
-        if (c->fb && !c->rx_cur_len) {
+        /* After shutdown(SHUT_RD) a read takes what is there and never waits (Linux TCP). */
+        if (c->rx.peer_reset) { r = got ? (ssize_t)got : -ECONNRESET; break; }
+        if (c->rx.fin_seen || c->rx.shut_rd) { r = (ssize_t)got; break; }
+        if (RS_GET(c->err)) { r = got ? (ssize_t)got : -RS_GET(c->err); break; }
+        if (RS_GET(c->fb) && !c->rx.cur_len) {
             /* RDMA failed and the ring has nothing more: the rest comes over TCP */
+            rs_unlock(&c->rx.lock);
             if (peek && got) return (ssize_t)got;
-            int left = timeout_ms;
-            if (deadline) {
-                uint64_t now = rs_now_ns();
-                left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u + 1);
-            }
-            ssize_t r = rs_fb_recv(c, (uint8_t *)buf + got, len - got, flags, nonblock ? 0 : left);
+            r = rs_fb_recv(c, (uint8_t *)buf + got, len - got, flags, rs_ms_until(deadline));
             if (r < 0) return got ? (ssize_t)got : r;
             return (ssize_t)got + r;
         }
-        if (c->tcp_eof) {
+        if (RS_GET(c->tcp_eof)) {
             /* The peer's process is gone.  Whatever it wrote before is in the ring. */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
-            /* No FIN record: the peer died or its last holder was a forked process.  TCP
-             * shows a closed peer as EOF, and so do we. */
-            return (ssize_t)got;
+            rs_unlock(&c->rx.lock);
+            if (got) return (ssize_t)got;
+            if (c->rx.fin_seen) return c->rx.peer_reset ? -ECONNRESET : 0;
+            /* No FIN record: the peer died, or a forked holder closed it last.  TCP shows
+             * that as the end of the stream, unless the peer left data of ours unread:
+             * then as a reset. */
+            return rs_tx_unread_at_peer(c) ? -ECONNRESET : 0;
         }
-        if (!nonblock && spin_for_data(c, len - got, deadline, peek)) continue;
-        if (nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle(c)) continue;
-        if (c->tcp_eof || c->err) continue;
-        if (nonblock) return got ? (ssize_t)got : -EAGAIN;
-        int slice = 500;                        /* re-check now and then, whatever happens */
-        if (deadline) {
-            uint64_t now = rs_now_ns();
-            if (now >= deadline) return got ? (ssize_t)got : -EAGAIN;
-            uint64_t left = (deadline - now) / 1000000u + 1;
-            if (left < (uint64_t)slice) slice = (int)left;
+        if (!nonblock && fruitless <= 2 && !rs_passed(deadline)) {
+            rs_unlock(&c->rx.lock);
+            int found = spin_for_data(c, len - got, deadline, peek);
+            rs_lock(&c->rx.lock);
+            if (found) continue;
         }
-        int r = rs_wait_fd(c, slice);
-        if (r == -EINTR) return got ? (ssize_t)got : -EINTR;
+        int ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
+        if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
+        if (nonblock || rs_passed(deadline)) {
+            if (ready && !last_look++) continue;
+            r = got ? (ssize_t)got : -EAGAIN;
+            break;
+        }
+        if (ready && fruitless <= 2) continue;
+        rs_unlock(&c->rx.lock);
+        /* never with the lock: others may read */
+        int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline) : rs_wait_fd(c, rs_ms_until(deadline));
+        if (w == -EINTR) return got ? (ssize_t)got : -EINTR;
+        if (!ready) fruitless = 0;                      /* woken: worth a spin again */
+        rs_lock(&c->rx.lock);
     }
+    rs_unlock(&c->rx.lock);
+    return r;
 }

@@ -9,42 +9,23 @@
  * unconsumed and nobody is inside recv, at least one doorbell byte is pending.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>
 #include "rs_conn.h"
 #include "rs_sys.h"
 
-uint64_t rs_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);   /* vDSO: no system call */
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void rs_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-#endif
-}
-
-void rs_spin_pause(uint64_t spun_ns)
-{
-    if (spun_ns > RS_PURE_SPIN_NS) sched_yield();
-    else rs_relax();
-}
-
 /* The counter was raised before the send (the consumer's snapshot relies on that order);
  * a byte that never left is taken back so the consumer does not wait to drain it. */
 static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 {
-    long r = rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r == 1) { c->stat_bells_sent++; return 1; }
+    long r = rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r == 1) { __atomic_fetch_add(&c->bells_sent, 1, __ATOMIC_RELAXED); return 1; }
     __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
-    if (r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) c->tcp_eof = 1;
+    if (r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) RS_SET(c->tcp_eof, 1);
     return 0;
 }
 
@@ -52,10 +33,10 @@ static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 void rs_tx_flush_bell(rs_conn *c)
 {
     if (c->rdma) { rs_rdma_flush_bell(c); return; }
-    struct rs_dir_ctl *k = c->tx_ctl;
+    struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
     if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
-        c->tx_bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
+        c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
         return;                                         /* a spinning recv will absorb it */
     if (!__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED)) return;   /* a bell is pending */
     if (__atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST)) {
@@ -78,18 +59,32 @@ void rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t
     }
 }
 
-/* Reads up to `todo` doorbell bytes that were sent before the caller's snapshot. */
+static void note_sock_error(rs_conn *c, int e);
+
+/* What a recv on the doorbell channel said: 1 bytes came, 0 nothing more (EAGAIN), -1 the
+ * socket ended (tcp_eof set, and the error if it was one). */
+static int bell_read_result(rs_conn *c, long n)
+{
+    if (n > 0) return 1;
+    if (n == -EAGAIN || n == -EINTR) return 0;
+    if (n == 0 && c->rx.shut_rd) return 0;                 /* our own SHUT_RD, not the peer */
+    if (n < 0) note_sock_error(c, (int)-n);
+    RS_SET(c->tcp_eof, 1);
+    return -1;
+}
+
+/* Reads up to `todo` doorbell bytes that were sent before the caller's snapshot (the
+ * peer writes the counter: at most 64 reads, whatever it says). */
 static void drain_bells(rs_conn *c, uint64_t todo)
 {
     uint8_t buf[256];
-    while (todo > 0 && !c->tcp_eof) {
-        long n = rs_sys_recv(c->fd, buf, todo < sizeof buf ? todo : sizeof buf, MSG_DONTWAIT);
-        if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
-        if (n < 0) break;                              /* EAGAIN: still in flight */
+    for (int rounds = 0; todo > 0 && !RS_GET(c->tcp_eof) && rounds < 64; rounds++) {
+        long n = rs_c_recv(c, buf, todo < sizeof buf ? todo : sizeof buf, MSG_DONTWAIT);
+        if (bell_read_result(c, n) <= 0) break;         /* EAGAIN: still in flight */
         for (long i = 0; i < n; i++)
             if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT)
                 rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
-        c->bells_drained += (uint64_t)n;
+        c->rx.bells_drained += (uint64_t)n;
         todo -= (uint64_t)n;
     }
 }
@@ -100,8 +95,8 @@ static void drain_bells(rs_conn *c, uint64_t todo)
 static void check_uncounted(rs_conn *c)
 {
     uint8_t buf[64];
-    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; return; }
+    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (bell_read_result(c, n) <= 0) return;
     for (long i = 0; i < n; i++)
         if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT) {
             rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
@@ -111,13 +106,22 @@ static void check_uncounted(rs_conn *c)
 
 static int go_idle(rs_conn *c, int check);
 
-/* Called by a consumer that found its ring empty.  Returns 1 if a record is there after
- * all (consume it, nothing was drained), 0 if the connection is idle: want_bell is set
- * and every doorbell byte sent before that moment has been read off the socket. */
+/* Called by a consumer that found its ring empty (caller holds rx_lock).  Returns 1 if a
+ * record is there after all (consume it, nothing was drained), 0 if the connection is
+ * idle: want_bell is set and every doorbell byte sent before that moment has been read
+ * off the socket. */
+int rs_rx_go_idle_locked(rs_conn *c)
+{
+    if (c->rdma) return c->rx.pre ? 0 : rs_rdma_go_idle(c);
+    return go_idle(c, 1);
+}
+
 int rs_rx_go_idle(rs_conn *c)
 {
-    if (c->rdma) return c->rx_pre ? 0 : rs_rdma_go_idle(c);
-    return go_idle(c, 1);
+    rs_lock(&c->rx.lock);
+    int r = rs_rx_go_idle_locked(c);
+    rs_unlock(&c->rx.lock);
+    return r;
 }
 
 /* A non-blocking receive found the ring empty.  Programs that read until EAGAIN (libpq,
@@ -129,24 +133,32 @@ int rs_rx_go_idle(rs_conn *c)
  * after all.  Elsewhere it is go-idle. */
 int rs_rx_nonblock_empty(rs_conn *c)
 {
-    if (!c->lazy_tidy || c->rdma || c->rx_pre) return rs_rx_go_idle(c);
+    if (!c->rx.lazy_tidy || c->rdma || c->rx.pre) return rs_rx_go_idle_locked(c);
     rs_rx_publish_credit(c, 1);
-    if (rs_rx_ready(c)) return 1;
+    if (rs_rx_ready_locked(c)) return 1;
     uint64_t now = rs_now_ns();
-    if (now - c->last_peek_ns > 1000000u && !c->tcp_eof) {
-        c->last_peek_ns = now;
+    if (now - c->rx.last_peek_ns > 1000000u && !RS_GET(c->tcp_eof)) {
+        c->rx.last_peek_ns = now;
         check_uncounted(c);
     }
     return 0;
 }
 
-/* Producer with a full ring, before it sleeps: ask the consumer for a credit doorbell.
- * Returns 1 if there is room after all. */
-int rs_tx_arm_credit(rs_conn *c)
+/* Producer with a full ring, before it sleeps: ask the consumer for a credit doorbell
+ * (caller holds tx_lock).  Returns 1 if there is room after all. */
+int rs_tx_arm_credit_locked(rs_conn *c)
 {
     if (c->rdma) return rs_rdma_arm_credit(c);
-    __atomic_store_n(&c->tx_ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
-    return rs_tx_writable(c);
+    __atomic_store_n(&c->tx.ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+    return rs_tx_writable_locked(c);
+}
+
+int rs_tx_arm_credit(rs_conn *c)
+{
+    rs_lock(&c->tx.lock);
+    int r = rs_tx_arm_credit_locked(c);
+    rs_unlock(&c->tx.lock);
+    return r;
 }
 
 /* After a recv emptied the ring: if doorbell bytes are outstanding, read them now so a
@@ -154,48 +166,105 @@ int rs_tx_arm_credit(rs_conn *c)
  * Costs a system call only in episodes where the producer already paid one. */
 void rs_rx_tidy(rs_conn *c)
 {
-    struct rs_dir_ctl *k = c->rx_ctl;
-    if (c->rx_pre || !c->rx_ring || c->rdma) return;   /* rdma: the next go_idle drains */
+    struct rs_dir_ctl *k = c->rx.ctl;
+    if (c->rx.pre || !c->rx.ring || c->rdma) return;   /* rdma: the next go_idle drains */
     /* Under the preload library poll/select/epoll look at the ring first, so a stale
      * doorbell costs nothing there, while draining it here re-arms want_bell: the next
      * record then rings again, and a request/response exchange paid a send and a recv
      * system call per message for it.  The stale byte keeps the invariant (6.7). */
-    if (c->lazy_tidy) return;
+    if (c->rx.lazy_tidy) return;
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_RELAXED) +
-                    __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_RELAXED);
-    if (sent > c->bells_drained && !rs_rx_ready(c)) go_idle(c, 0);
+                    __atomic_load_n(&c->tx.ctl->credit_bells, __ATOMIC_RELAXED);
+    if (sent > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0);
 }
 
 static int go_idle(rs_conn *c, int check)
 {
-    struct rs_dir_ctl *k = c->rx_ctl;
-    if (c->rx_pre || !c->rx_ring) return 0;     /* preamble bytes on the socket are data */
+    struct rs_dir_ctl *k = c->rx.ctl;
+    if (c->rx.pre || !c->rx.ring) return 0;     /* preamble bytes on the socket are data */
     if (check) rs_rx_publish_credit(c, 1);      /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
      * is guaranteed to see, so draining it cannot strand that record without a bell. */
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_SEQ_CST) +
-                    __atomic_load_n(&c->tx_ctl->credit_bells, __ATOMIC_SEQ_CST);
-    if (rs_rx_ready(c)) return 1;
-    if (sent > c->bells_drained) drain_bells(c, sent - c->bells_drained);
-    if (check && sent <= c->bells_drained && !c->tcp_eof) check_uncounted(c);
+                    __atomic_load_n(&c->tx.ctl->credit_bells, __ATOMIC_SEQ_CST);
+    if (rs_rx_ready_locked(c)) return 1;
+    if (sent > c->rx.bells_drained) drain_bells(c, sent - c->rx.bells_drained);
+    if (check && sent <= c->rx.bells_drained && !RS_GET(c->tcp_eof)) check_uncounted(c);
     return 0;
 }
 
-/* Sleeps until the TCP socket is readable (a doorbell, or EOF) or timeout_ms passes.
- * Returns 1 woken, 0 timed out, -errno (EINTR). */
+/* An error e on the TCP socket (0: read it from SO_ERROR, which reading clears): a peer
+ * host that vanished (keepalive timed out, unreachable) is an error of the connection, not
+ * an end of stream (a reset is not: stray doorbell bytes make a closing peer send one). */
+static void note_sock_error(rs_conn *c, int e)
+{
+    if (!e) e = rs_c_sockerr(c);
+    if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH)
+        rs_conn_set_error(c, e, "rdmasock: the connection's TCP socket failed: %s", strerror(e));
+}
+
+/* Without blocking: does the TCP socket say that the peer is gone?  An upgraded peer never
+ * ends the TCP stream while it lives (its FIN travels as a record), so the kernel's end of
+ * stream or reset means its socket is closed: its process died or closed the connection.
+ * Not so after our own shutdown(SHUT_RD) (then the kernel reports an end of stream of its
+ * own), nor once an rdma connection fell back to TCP (then a TCP FIN is the peer's). */
+int rs_peer_gone(rs_conn *c)
+{
+    if (RS_GET(c->tcp_eof)) return 1;
+    short re;
+    if (rs_c_poll(c, POLLRDHUP, 0, &re) <= 0) return 0;
+    if (re & POLLERR) note_sock_error(c, 0);
+    if (re & (POLLHUP | POLLERR | POLLNVAL)) RS_SET(c->tcp_eof, 1);
+    else if ((re & POLLRDHUP) && !RS_GET(c->fb)) {
+        struct tcp_info ti;
+        socklen_t l = sizeof ti;
+        if (!RS_GET(c->rx.shut_rd)) RS_SET(c->tcp_eof, 1);
+        else if (syscall(SYS_getsockopt, rs_fd_enter(c), IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 &&
+                 ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_FIN_WAIT2)
+            RS_SET(c->tcp_eof, 1);                          /* the peer's FIN, behind our own SHUT_RD */
+        rs_fd_leave(c);
+    }
+    return RS_GET(c->tcp_eof);
+}
+
+/* Sleeps until the TCP socket is readable (a doorbell, or the peer's end) or timeout_ms
+ * passes.  Returns 1 woken, 0 timed out, -errno (EINTR).
+ *
+ * With no timeout the sleep is a blocking recv(MSG_PEEK) on a duplicate of the socket, so
+ * the kernel's own rules apply: a signal whose handler has SA_RESTART restarts it, any
+ * other interrupts it (EINTR), as for a recv on a TCP socket; and the duplicate keeps the
+ * socket, as a kernel recv would, even if the application closes its number meanwhile.
+ * With a timeout (SO_RCVTIMEO, or the caller's) it is a poll, which a signal always
+ * interrupts: that too is what a TCP recv with SO_RCVTIMEO does (signal(7)); it wakes at
+ * least every RS_WAIT_SLICE_MS to look again.  rdma always takes the poll: its own queue
+ * pair can fail while it sleeps, with no byte on the socket to say so. */
+#define RS_WAIT_SLICE_MS 500
 int rs_wait_fd(rs_conn *c, int timeout_ms)
 {
-    struct pollfd p = { .fd = c->fd, .events = POLLIN | POLLRDHUP };
-    c->stat_sleeps++;
-    int r = rs_sys_poll(&p, 1, timeout_ms);
-    if (r > 0 && (p.revents & POLLERR)) {
-        /* A peer host that vanished (keepalive timed out, unreachable) is an error, not
-         * an end of stream; a reset by a dying peer process stays EOF, as before. */
-        int e = rs_sys_sockerr(c->fd);
-        if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH)
-            rs_conn_set_error(c, e, "rdmasock: the connection's TCP socket failed: %s", strerror(e));
+    c->rx.sleeps++;
+    if (timeout_ms < 0 && !c->rdma) {
+        int fd = rs_fd_enter(c);
+        int own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 1024);
+        if (own < 0) own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+        rs_fd_leave(c);
+        if (own >= 0) {
+            uint8_t b;
+            long r = syscall(SYS_recvfrom, own, &b, 1, MSG_PEEK, NULL, NULL);
+            int e = errno;
+            syscall(SYS_close, own);
+            if (r >= 0 || e != EAGAIN) {             /* EAGAIN: O_NONBLOCK set meanwhile: poll */
+                if (r == 0 && !RS_GET(c->rx.shut_rd)) RS_SET(c->tcp_eof, 1);
+                if (r < 0 && e == EINTR) return -EINTR;
+                if (r < 0) { note_sock_error(c, e); RS_SET(c->tcp_eof, 1); }
+                return 1;
+            }
+        }
     }
-    if (r > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))) c->tcp_eof = 1;
+    short re;
+    int slice = timeout_ms < 0 || timeout_ms > RS_WAIT_SLICE_MS ? RS_WAIT_SLICE_MS : timeout_ms;
+    int r = rs_c_poll(c, POLLIN | POLLRDHUP, slice, &re);
+    if (r == -EINTR && timeout_ms < 0 && rs_restart_after_signal()) return 1;
+    if (r > 0 && (re & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))) rs_peer_gone(c);
     return r;
 }

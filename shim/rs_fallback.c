@@ -29,12 +29,7 @@
 enum { TX_RING, TX_RESEND, TX_PLAIN };
 enum { RX_RING, RX_BELLS, RX_FRAME, RX_REPEAT, RX_PLAIN };
 #define RESYNC_EOF 2              /* rx_resync: the socket ended before the frame */
-#define WAIT_SLICE_MS 200
 
-void rs_tx_lock(rs_conn *c)   { if (c->tx_locking) pthread_mutex_lock(&c->tx_lock); }
-void rs_tx_unlock(rs_conn *c) { if (c->tx_locking) pthread_mutex_unlock(&c->tx_lock); }
-static void rx_lock(rs_conn *c)   { if (c->tx_locking) pthread_mutex_lock(&c->rx_lock); }
-static void rx_unlock(rs_conn *c) { if (c->tx_locking) pthread_mutex_unlock(&c->rx_lock); }
 
 static void put_le(uint8_t *p, uint64_t v, int n) { for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static uint64_t get_le(const uint8_t *p, int n)
@@ -52,23 +47,12 @@ void rs_fb_begin(rs_conn *c)
 
 static void update_done(rs_conn *c)
 {
-    if (c->fb_tx == TX_PLAIN && c->fb_rx == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
+    if (c->tx.fb == TX_PLAIN && c->rx.fb == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
 }
 
-/* Waits (at most one slice) for events on the socket.  0 if deadline_ns (0: none) has
- * passed already, -EINTR, else 1: the caller looks again whether woken or not. */
-static int wait_sock(rs_conn *c, short events, uint64_t deadline_ns)
+static int wait_sock(rs_conn *c, short events, uint64_t deadline)
 {
-    int ms = WAIT_SLICE_MS;
-    if (deadline_ns) {
-        uint64_t now = rs_now_ns();
-        if (now >= deadline_ns) return 0;
-        if ((deadline_ns - now) / 1000000u + 1 < (uint64_t)ms) ms = (int)((deadline_ns - now) / 1000000u + 1);
-    }
-    struct pollfd p = { .fd = c->fd, .events = events };
-    int r = rs_sys_poll(&p, 1, ms);
-    if (r == -EINTR) return -EINTR;
-    return 1;                      /* woken or a slice passed: the caller looks again */
+    return rs_sleep_fd(rs_fd_peek(c), events, deadline);
 }
 
 /* ---- transmit ---------------------------------------------------------------------- */
@@ -76,33 +60,39 @@ static int wait_sock(rs_conn *c, short events, uint64_t deadline_ns)
 /* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend. */
 static void tx_start(rs_conn *c)
 {
-    uint64_t pos = c->tx_head_seen, unacked = 0;
-    while (pos < c->tx_pos) {
-        uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx_ring + off);
+    uint64_t pos = c->tx.head_seen, unacked = 0;
+    while (pos < c->tx.pos) {
+        uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
         if (lw == RS_LEN_WRAP) { pos += c->ring_size - off; continue; }
         if (lw < RS_LEN_CTL_MIN) unacked += lw;
         pos += rs_rec_size(lw);
     }
     rs_rdma_silence(c);                            /* no doorbell byte may follow the frame */
-    uint64_t resume = c->tx_bytes - unacked;
-    uint8_t *f = c->fb_out;
+    uint64_t resume = c->tx.bytes - unacked;
+    uint8_t *f = c->tx.fb_out;
     memset(f, 0, RS_RESYNC_LEN);
     f[0] = RS_BELL_RESYNC;
     f[1] = RS_RESYNC_VERSION;
     put_le(f + 4, rs_footer(c->salt, resume, RS_RESYNC_TAG), 4);
     put_le(f + 8, resume, 8);
-    c->fb_out_len = RS_RESYNC_LEN;
-    c->fb_out_sent = 0;
-    c->fb_resend_pos = c->tx_head_seen;
-    c->fb_resend_end = c->tx_pos;
-    c->fb_resend_off = 0;
-    if (c->fin_sent) c->fb_shut_pending = 1;
-    c->fb_tx = TX_RESEND;
+    c->tx.fb_out_len = RS_RESYNC_LEN;
+    c->tx.fb_out_sent = 0;
+    c->tx.fb_resend_pos = c->tx.head_seen;
+    c->tx.fb_resend_end = c->tx.pos;
+    c->tx.fb_resend_off = 0;
+    if (c->tx.fin_sent) c->tx.fb_shut_pending = 1;
+    c->tx.fb = TX_RESEND;
+}
+
+static void shut_wr(rs_conn *c)
+{
+    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_WR);
+    rs_fd_leave(c);
 }
 
 static int tx_broken(rs_conn *c, long n)
 {
-    if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) c->tcp_eof = 1;
+    if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) RS_SET(c->tcp_eof, 1);
     return (int)n;
 }
 
@@ -110,30 +100,30 @@ static int tx_broken(rs_conn *c, long n)
  * block, -errno. */
 static int tx_pump(rs_conn *c)
 {
-    while (c->fb_out_sent < c->fb_out_len) {
-        long n = rs_sys_send(c->fd, c->fb_out + c->fb_out_sent, c->fb_out_len - c->fb_out_sent,
+    while (c->tx.fb_out_sent < c->tx.fb_out_len) {
+        long n = rs_c_send(c, c->tx.fb_out + c->tx.fb_out_sent, c->tx.fb_out_len - c->tx.fb_out_sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) return n == -EAGAIN ? 0 : tx_broken(c, n);
-        c->fb_out_sent += (uint8_t)n;
+        c->tx.fb_out_sent += (uint8_t)n;
     }
-    while (c->fb_resend_pos < c->fb_resend_end) {
-        uint32_t off = (uint32_t)(c->fb_resend_pos & c->mask), lw = *(uint32_t *)(c->tx_ring + off);
-        if (lw == RS_LEN_WRAP) { c->fb_resend_pos += c->ring_size - off; continue; }
-        if (lw >= RS_LEN_CTL_MIN || c->fb_resend_off == lw) {
-            c->fb_resend_pos += rs_rec_size(lw);
-            c->fb_resend_off = 0;
+    while (c->tx.fb_resend_pos < c->tx.fb_resend_end) {
+        uint32_t off = (uint32_t)(c->tx.fb_resend_pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
+        if (lw == RS_LEN_WRAP) { c->tx.fb_resend_pos += c->ring_size - off; continue; }
+        if (lw >= RS_LEN_CTL_MIN || c->tx.fb_resend_off == lw) {
+            c->tx.fb_resend_pos += rs_rec_size(lw);
+            c->tx.fb_resend_off = 0;
             continue;
         }
-        long n = rs_sys_send(c->fd, c->tx_ring + off + 4 + c->fb_resend_off, lw - c->fb_resend_off,
+        long n = rs_c_send(c, c->tx.ring + off + 4 + c->tx.fb_resend_off, lw - c->tx.fb_resend_off,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) return n == -EAGAIN ? 0 : tx_broken(c, n);
-        c->fb_resend_off += (uint32_t)n;
+        c->tx.fb_resend_off += (uint32_t)n;
     }
-    if (c->fb_shut_pending) {
-        c->fb_shut_pending = 0;
-        syscall(SYS_shutdown, c->fd, SHUT_WR);     /* the FIN record's meaning, in TCP terms */
+    if (c->tx.fb_shut_pending) {
+        c->tx.fb_shut_pending = 0;
+        shut_wr(c);                                /* the FIN record's meaning, in TCP terms */
     }
-    c->fb_tx = TX_PLAIN;
+    c->tx.fb = TX_PLAIN;
     update_done(c);
     return 1;
 }
@@ -142,51 +132,51 @@ static int tx_pump(rs_conn *c)
  * tx_pump's result, 1 if nothing is pending. */
 static int tx_advance_locked(rs_conn *c)
 {
-    if (c->fb_tx == TX_RING) tx_start(c);
-    return c->fb_tx == TX_RESEND ? tx_pump(c) : 1;
+    if (c->tx.fb == TX_RING) tx_start(c);
+    return c->tx.fb == TX_RESEND ? tx_pump(c) : 1;
 }
 
 static int tx_advance(rs_conn *c)
 {
-    rs_tx_lock(c);
+    rs_lock(&c->tx.lock);
     int r = tx_advance_locked(c);
-    rs_tx_unlock(c);
+    rs_unlock(&c->tx.lock);
     return r;
 }
 
 /* Any thread not holding tx_lock. */
 void rs_fb_kick(rs_conn *c)
 {
-    if (c->fb && c->fb_tx != TX_PLAIN) tx_advance(c);
+    if (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) tx_advance(c);
 }
 
 int rs_fb_tx_pending(rs_conn *c)
 {
-    return c->fb && c->fb_tx != TX_PLAIN;
+    return RS_GET(c->fb) && c->tx.fb != TX_PLAIN;
 }
 
 /* Frame and resend first (the application already counted them as sent), then straight
  * to the socket. */
 ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
 {
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     if (timeout_ms == 0) nonblock = 1;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     for (;;) {
         int r = tx_advance(c);
         if (r < 0) return r;
         if (r == 1) break;
         if (nonblock) return -EAGAIN;
-        if (wait_sock(c, POLLOUT, deadline) <= 0) return deadline && rs_now_ns() >= deadline ? -EAGAIN : -EINTR;
+        int w = wait_sock(c, POLLOUT, deadline);
+        if (w <= 0) return w == 0 ? -EAGAIN : w;
     }
-    if (c->fin_sent) return -EPIPE;
+    if (c->tx.fin_sent) return -EPIPE;
     size_t sent = 0;
     while (sent < len) {
-        long n = rs_sys_send(c->fd, (const uint8_t *)buf + sent, len - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) { sent += (size_t)n; c->tx_bytes += (uint64_t)n; continue; }
+        long n = rs_c_send(c, (const uint8_t *)buf + sent, len - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) { sent += (size_t)n; c->tx.bytes += (uint64_t)n; continue; }
         if (n != -EAGAIN) { tx_broken(c, n); return sent ? (ssize_t)sent : n; }
         if (nonblock) break;
-        int w = wait_sock(c, POLLOUT, deadline);
-        if (w < 0 || (deadline && rs_now_ns() >= deadline)) break;
+        if (wait_sock(c, POLLOUT, deadline) <= 0) break;
     }
     if (!sent && len) return -EAGAIN;
     return (ssize_t)sent;
@@ -195,8 +185,8 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
 /* Half-close while falling back (caller holds tx_lock): a TCP FIN after the resend. */
 void rs_fb_shutdown(rs_conn *c)
 {
-    c->fb_shut_pending = 1;
-    if (c->fb_tx == TX_PLAIN) { c->fb_shut_pending = 0; syscall(SYS_shutdown, c->fd, SHUT_WR); }
+    c->tx.fb_shut_pending = 1;
+    if (c->tx.fb == TX_PLAIN) { c->tx.fb_shut_pending = 0; shut_wr(c); }
     else tx_advance_locked(c);               /* the half-close follows the resend */
 }
 
@@ -204,21 +194,22 @@ void rs_fb_shutdown(rs_conn *c)
  * otherwise drop bytes the application counted as sent). */
 int rs_fb_finish_tx(rs_conn *c, int timeout_ms)
 {
-    uint64_t deadline = rs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t deadline = rs_deadline(timeout_ms);
     for (;;) {
         int r = tx_advance(c);
         if (r != 0) return r < 0 ? r : 0;
-        if (rs_now_ns() >= deadline) return -ETIMEDOUT;
+        if (rs_passed(deadline)) return -ETIMEDOUT;
         wait_sock(c, POLLOUT, deadline);
     }
 }
 
+/* Caller holds tx_lock. */
 int rs_fb_tx_writable(rs_conn *c)
 {
-    rs_fb_kick(c);
-    if (c->fb_tx != TX_PLAIN) return c->tcp_eof;          /* resend still going out */
-    struct pollfd p = { .fd = c->fd, .events = POLLOUT };
-    return rs_sys_poll(&p, 1, 0) > 0;
+    if (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) tx_advance_locked(c);
+    if (c->tx.fb != TX_PLAIN) return RS_GET(c->tcp_eof);          /* resend still going out */
+    short re;
+    return rs_c_poll(c, POLLOUT, 0, &re) > 0;
 }
 
 /* ---- receive ----------------------------------------------------------------------- */
@@ -228,112 +219,113 @@ int rs_fb_tx_writable(rs_conn *c)
 static int rx_resync_locked(rs_conn *c)
 {
     uint8_t buf[512];
-    while (c->fb_rx == RX_BELLS) {
-        long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    while (c->rx.fb == RX_BELLS) {
+        long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) return RESYNC_EOF;                     /* the peer died before writing it */
         if (n < 0) return n == -EAGAIN ? 0 : n == -ECONNRESET ? RESYNC_EOF : (int)n;
         long k = 0;
         while (k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT)) k++;
         if (k) {
-            rs_sys_recv(c->fd, buf, (size_t)k, MSG_DONTWAIT);   /* exactly the bells peeked */
-            c->bells_drained += (uint64_t)k;
+            rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);   /* exactly the bells peeked */
+            c->rx.bells_drained += (uint64_t)k;
         }
         if (k == n) continue;
         if (buf[k] != RS_BELL_RESYNC) {
             rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x before the peer's RESYNC frame", buf[k]);
             return -EPROTO;
         }
-        c->fb_rx = RX_FRAME;
+        c->rx.fb = RX_FRAME;
     }
-    while (c->fb_rx == RX_FRAME) {
-        long n = rs_sys_recv(c->fd, c->fb_in + c->fb_in_got, RS_RESYNC_LEN - c->fb_in_got, MSG_DONTWAIT);
+    while (c->rx.fb == RX_FRAME) {
+        long n = rs_c_recv(c, c->rx.fb_in + c->rx.fb_in_got, RS_RESYNC_LEN - c->rx.fb_in_got, MSG_DONTWAIT);
         if (n == 0) {
             rs_conn_set_error(c, EPROTO, "rdmasock: the connection ended inside the peer's RESYNC frame "
-                              "(%u of %u bytes)", c->fb_in_got, RS_RESYNC_LEN);
+                              "(%u of %u bytes)", c->rx.fb_in_got, RS_RESYNC_LEN);
             return -EPROTO;
         }
         if (n < 0) return n == -EAGAIN ? 0 : (int)n;
-        c->fb_in_got += (uint8_t)n;
-        if (c->fb_in_got < RS_RESYNC_LEN) continue;
-        uint64_t resume = get_le(c->fb_in + 8, 8);
-        if (c->fb_in[1] != RS_RESYNC_VERSION || c->fb_in[2] || c->fb_in[3] ||
-            get_le(c->fb_in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
+        c->rx.fb_in_got += (uint8_t)n;
+        if (c->rx.fb_in_got < RS_RESYNC_LEN) continue;
+        uint64_t resume = get_le(c->rx.fb_in + 8, 8);
+        if (c->rx.fb_in[1] != RS_RESYNC_VERSION || c->rx.fb_in[2] || c->rx.fb_in[3] ||
+            get_le(c->rx.fb_in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt RESYNC frame from the peer (version %u, offset %llu)",
-                              c->fb_in[1], (unsigned long long)resume);
+                              c->rx.fb_in[1], (unsigned long long)resume);
             return -EPROTO;
         }
-        if (resume > c->rx_bytes || c->rx_bytes - resume > c->ring_size) {
+        if (resume > c->rx.bytes || c->rx.bytes - resume > c->ring_size) {
             rs_conn_set_error(c, EPROTO, "rdmasock: the peer's RESYNC frame resumes at byte %llu, but %llu "
-                              "were delivered", (unsigned long long)resume, (unsigned long long)c->rx_bytes);
+                              "were delivered", (unsigned long long)resume, (unsigned long long)c->rx.bytes);
             return -EPROTO;
         }
-        c->fb_skip = c->rx_bytes - resume;
-        c->fb_rx = RX_REPEAT;
+        c->rx.fb_skip = c->rx.bytes - resume;
+        c->rx.fb = RX_REPEAT;
     }
-    while (c->fb_rx == RX_REPEAT && c->fb_skip) {
-        long n = rs_sys_recv(c->fd, buf, c->fb_skip < sizeof buf ? c->fb_skip : sizeof buf, MSG_DONTWAIT);
+    while (c->rx.fb == RX_REPEAT && c->rx.fb_skip) {
+        long n = rs_c_recv(c, buf, c->rx.fb_skip < sizeof buf ? c->rx.fb_skip : sizeof buf, MSG_DONTWAIT);
         if (n == 0) {
             rs_conn_set_error(c, EPROTO, "rdmasock: the connection ended while the peer resent bytes "
-                              "(%llu still to come)", (unsigned long long)c->fb_skip);
+                              "(%llu still to come)", (unsigned long long)c->rx.fb_skip);
             return -EPROTO;
         }
         if (n < 0) return n == -EAGAIN ? 0 : (int)n;
-        c->fb_skip -= (uint64_t)n;
+        c->rx.fb_skip -= (uint64_t)n;
     }
-    if (c->fb_rx == RX_REPEAT) {
-        c->fb_rx = RX_PLAIN;
+    if (c->rx.fb == RX_REPEAT) {
+        c->rx.fb = RX_PLAIN;
         update_done(c);
     }
     return 1;
 }
 
+/* Caller holds rx_lock. */
 static int rx_resync(rs_conn *c)
 {
-    if (c->fb_rx == RX_PLAIN) return 1;
-    rx_lock(c);
-    int r = rx_resync_locked(c);
-    rx_unlock(c);
-    return r;
+    return c->rx.fb == RX_PLAIN ? 1 : rx_resync_locked(c);
 }
 
 /* The ring has nothing more for us: from here on only the socket (caller decided). */
 static void rx_leave_ring(rs_conn *c)
 {
-    if (c->fb_rx == RX_RING) c->fb_rx = RX_BELLS;
+    if (c->rx.fb == RX_RING) c->rx.fb = RX_BELLS;
 }
 
 ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
-    rx_leave_ring(c);
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     rs_fb_kick(c);                                 /* the peer may be waiting for our resend */
     size_t got = 0;
     for (;;) {
+        rs_lock(&c->rx.lock);
+        rx_leave_ring(c);
         int r = rx_resync(c);
+        long n = -EAGAIN;
+        if (r == 1) {
+            n = rs_c_recv(c, (uint8_t *)buf + got, len - got, (peek ? MSG_PEEK : 0) | MSG_DONTWAIT);
+            if (n > 0 && !peek) c->rx.bytes += (uint64_t)n;
+        }
+        rs_unlock(&c->rx.lock);
         if (r == RESYNC_EOF) return 0;
         if (r < 0) return r;
-        if (r == 1) {
-            long n = rs_sys_recv(c->fd, (uint8_t *)buf + got, len - got, (peek ? MSG_PEEK : 0) | MSG_DONTWAIT);
-            if (n > 0) {
-                got += (size_t)n;
-                if (!peek) c->rx_bytes += (uint64_t)n;
-                if (got == len || !waitall) return (ssize_t)got;
-                continue;
-            }
-            if (n == 0) return (ssize_t)got;
-            if (n != -EAGAIN) return got ? (ssize_t)got : n;
+        if (n > 0) {
+            got += (size_t)n;
+            if (got == len || !waitall) return (ssize_t)got;
+            continue;
         }
+        if (r == 1 && n == 0) return (ssize_t)got;
+        if (r == 1 && n != -EAGAIN) return got ? (ssize_t)got : n;
         if (nonblock) return got ? (ssize_t)got : -EAGAIN;
         int w = wait_sock(c, POLLIN | (rs_fb_tx_pending(c) ? POLLOUT : 0), deadline);
-        if (w == -EINTR) return got ? (ssize_t)got : -EINTR;
-        if (deadline && rs_now_ns() >= deadline) return got ? (ssize_t)got : -EAGAIN;
+        if (w < 0) return got ? (ssize_t)got : w;
+        if (w == 0) return got ? (ssize_t)got : -EAGAIN;
         rs_fb_kick(c);
     }
 }
 
-/* Receive readiness once the ring is done: data (or EOF, or an error) on the socket. */
+/* Receive readiness once the ring is done: data (or EOF, or an error) on the socket
+ * (caller holds rx_lock). */
 int rs_fb_rx_ready(rs_conn *c)
 {
     rx_leave_ring(c);
@@ -341,15 +333,16 @@ int rs_fb_rx_ready(rs_conn *c)
     int r = rx_resync(c);
     if (r != 0 && r != 1) return 1;                /* EOF or an error to report */
     if (r == 0) return 0;
-    struct pollfd p = { .fd = c->fd, .events = POLLIN };
-    return rs_sys_poll(&p, 1, 0) > 0;
+    short re;
+    return rs_c_poll(c, POLLIN, 0, &re) > 0;
 }
 
 /* FIONREAD once the ring is done. */
 long rs_fb_rx_available(rs_conn *c)
 {
-    if (c->fb_rx != RX_PLAIN) return 0;
+    if (c->rx.fb != RX_PLAIN) return 0;
     int n = 0;
-    if (syscall(SYS_ioctl, c->fd, FIONREAD, &n) < 0) return 0;
-    return n;
+    long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
+    rs_fd_leave(c);
+    return r < 0 ? 0 : n;
 }

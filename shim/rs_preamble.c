@@ -27,23 +27,6 @@ static void put_header(uint8_t h[RS_PRE_HDR], uint8_t kind, uint32_t len)
     h[4] = (uint8_t)(len >> 24); h[5] = (uint8_t)(len >> 16); h[6] = (uint8_t)(len >> 8); h[7] = (uint8_t)len;
 }
 
-/* Waits for `events` on fd.  1 ready, 0 timed out (deadline_ns 0 = forever), -errno. */
-static int wait_event(int fd, short events, uint64_t deadline_ns)
-{
-    for (;;) {
-        int ms = 1000;
-        if (deadline_ns) {
-            uint64_t now = rs_now_ns();
-            if (now >= deadline_ns) return 0;
-            uint64_t left = (deadline_ns - now) / 1000000u + 1;
-            if (left < 1000) ms = (int)left;
-        }
-        struct pollfd p = { .fd = fd, .events = events };
-        int r = rs_sys_poll(&p, 1, ms);
-        if (r != 0) return r;
-    }
-}
-
 /* Writes the whole of [p, p+n) blocking, whatever the socket's O_NONBLOCK: the rest of a
  * frame whose first bytes already left must follow before anything else. */
 static int write_rest(int fd, const uint8_t *p, size_t n)
@@ -52,7 +35,7 @@ static int write_rest(int fd, const uint8_t *p, size_t n)
         long r = rs_sys_send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r > 0) { p += r; n -= (size_t)r; continue; }
         if (r == -EAGAIN || r == -EINTR) {
-            int w = wait_event(fd, POLLOUT, 0);      /* a signal must not leave half a frame */
+            int w = rs_sleep_fd(fd, POLLOUT, RS_NEVER);   /* a signal must not leave half a frame */
             if (w < 0 && w != -EINTR) return w;
             continue;
         }
@@ -74,7 +57,7 @@ static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int do
         int e = errno;
         /* A caller that must not fail (SWITCH) waits even on an O_NONBLOCK socket. */
         if (dontwait || (e != EAGAIN && e != EINTR)) return -e;
-        int w = wait_event(fd, POLLOUT, 0);
+        int w = rs_sleep_fd(fd, POLLOUT, RS_NEVER);
         if (w < 0 && w != -EINTR) return w;
     }
     size_t total = RS_PRE_HDR + (size_t)n;
@@ -103,9 +86,13 @@ ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeo
         if (rs_sys_poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) return -EAGAIN;
         if (n > RS_PRE_NONBLOCK_MAX) n = RS_PRE_NONBLOCK_MAX;
     } else if (timeout_ms > 0) {
-        int r = wait_event(fd, POLLOUT, rs_now_ns() + (uint64_t)timeout_ms * 1000000u);
-        if (r == 0) return -EAGAIN;
-        if (r < 0) return r;
+        uint64_t deadline = rs_deadline(timeout_ms);
+        struct pollfd p = { .fd = fd, .events = POLLOUT };
+        while (rs_sys_poll(&p, 1, 0) <= 0) {
+            int r = rs_sleep_fd(fd, POLLOUT, deadline);
+            if (r == 0) return -EAGAIN;
+            if (r < 0) return r;
+        }
     }
     long r = send_frame(fd, RS_PRE_DATA, buf, n, nonblock);
     return r < 0 ? r : (ssize_t)n;
@@ -117,19 +104,26 @@ int rs_pre_switch(int fd)
     return (int)send_frame(fd, RS_PRE_SWITCH, NULL, 0, 0);
 }
 
-/* Server side, while c->rx_pre: reads the next frame header.  1 = a DATA frame is open
- * (c->pre_left set) or SWITCH was seen (c->rx_pre cleared), 0 = EOF before a header,
+/* Bytes waiting on the socket (up to a header's worth). */
+static long peek_len(rs_conn *c)
+{
+    uint8_t h[RS_PRE_HDR];
+    return rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK);
+}
+
+/* Server side, while c->rx.pre: reads the next frame header.  1 = a DATA frame is open
+ * (c->rx.pre_left set) or SWITCH was seen (c->rx.pre cleared), 0 = EOF before a header,
  * -errno otherwise (-EAGAIN: not there yet). */
 static int read_header(rs_conn *c)
 {
     uint8_t h[RS_PRE_HDR];
-    long n = rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
+    long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0) return 0;
     if (n < 0) return (int)n;
     if (n < RS_PRE_HDR) {
         /* Frames are written whole: the rest is in flight (or the client died). */
-        struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
-        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        short re;
+        if (rs_c_poll(c, POLLRDHUP, 0, &re) > 0 && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
             rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame header");
             return -ECONNRESET;
         }
@@ -142,9 +136,9 @@ static int read_header(rs_conn *c)
         rs_conn_set_error(c, EPROTO, "rdmasock: garbage preamble frame (kind 0x%02x, length %u)", h[0], len);
         return -EPROTO;
     }
-    rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
-    if (h[0] == RS_PRE_SWITCH) c->rx_pre = 0;
-    else c->pre_left = len;
+    rs_c_recv(c, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
+    if (h[0] == RS_PRE_SWITCH) RS_SET(c->rx.pre, 0);
+    else c->rx.pre_left = len;
     return 1;
 }
 
@@ -153,12 +147,37 @@ static int read_header(rs_conn *c)
  * the preamble is over. */
 int rs_pre_settle(rs_conn *c)
 {
-    if (!c->rx_pre) return 1;
-    if (c->pre_left || c->err) return 0;
-    uint8_t h[RS_PRE_HDR];
-    long n = rs_sys_recv(c->fd, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
-    if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
-    return !c->rx_pre;
+    if (!RS_GET(c->rx.pre)) return 1;
+    if (!rs_trylock(&c->rx.lock)) return 0;            /* a reader is at it: it will see SWITCH */
+    if (c->rx.pre && !c->rx.pre_left && !RS_GET(c->err)) {
+        uint8_t h[RS_PRE_HDR];
+        long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
+        if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
+    }
+    int over = !c->rx.pre;
+    rs_unlock(&c->rx.lock);
+    return over;
+}
+
+/* One step of rs_pre_recv, without waiting (caller holds rx_lock): bytes, 0 EOF, -errno,
+ * RS_PRE_OVER, or RS_PRE_AGAIN (a header was consumed: step again). */
+#define RS_PRE_AGAIN (-100001)
+static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
+{
+    if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (c->rx.pre_left == 0) {
+        long r = read_header(c);
+        if (r == 1) return c->rx.pre ? RS_PRE_AGAIN : RS_PRE_OVER;
+        return r;
+    }
+    size_t want = len < c->rx.pre_left ? len : c->rx.pre_left;
+    long r = rs_c_recv(c, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
+    if (r > 0 && !peek) c->rx.pre_left -= (uint32_t)r;
+    if (r == 0) {
+        rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
+        return -ECONNRESET;
+    }
+    return r;
 }
 
 /* Reads preamble payload into buf.  Returns bytes (> 0), 0 at EOF, -errno, or
@@ -167,50 +186,45 @@ ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
 {
     int peek = flags & RS_MSG_PEEK;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
-    if (c->err) return -c->err;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms), partial_since = 0;
+    unsigned nap_us = 20;
     for (;;) {
-        long r;
-        if (c->pre_left == 0) {
-            r = read_header(c);
-            if (r == 1) {
-                if (!c->rx_pre) return RS_PRE_OVER;
-                continue;
-            }
-            if (r == 0) return 0;
-        } else {
-            size_t want = len < c->pre_left ? len : c->pre_left;
-            r = rs_sys_recv(c->fd, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
-            if (r > 0) {
-                if (!peek) c->pre_left -= (uint32_t)r;
-                return r;
-            }
-            if (r == 0) {
-                rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
-                return -ECONNRESET;
-            }
-        }
+        rs_lock(&c->rx.lock);
+        long r = pre_step(c, buf, len, peek);
+        int partial = r == -EAGAIN && c->rx.pre_left == 0 && peek_len(c) > 0;
+        rs_unlock(&c->rx.lock);
+        if (r == RS_PRE_AGAIN) continue;
         if (r != -EAGAIN) return r;
         if (nonblock) return -EAGAIN;
-        int w = wait_event(c->fd, POLLIN, deadline);
+        if (partial) {
+            /* A partial header: frames are written whole, so the rest is in flight.  A
+             * peer that never sends it is broken: bounded like a truncated handshake. */
+            uint64_t now = rs_now_ns();
+            if (!partial_since) partial_since = now;
+            if (now - partial_since > RS_PRE_PARTIAL_NS) {
+                rs_conn_set_error(c, EPROTO, "rdmasock: truncated preamble frame header");
+                return -EPROTO;
+            }
+            int w = rs_nap((uint64_t)nap_us * 1000u, deadline);
+            if (w <= 0) return w == 0 ? -EAGAIN : w;
+            if (nap_us < 1000) nap_us *= 2;
+            continue;
+        }
+        int w = rs_sleep_fd(rs_fd_peek(c), POLLIN, deadline);
         if (w == 0) return -EAGAIN;
         if (w < 0) return w;
-        if (c->pre_left == 0) {            /* a partial header: let the rest arrive */
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
-        }
     }
 }
 
 /* recv on a plain TCP socket with the data path's flag and timeout conventions (the
  * Python API keeps sockets with a timeout in O_NONBLOCK mode). */
-ssize_t rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms)
+ssize_t rs_tcp_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     size_t got = 0;
     for (;;) {
-        long r = rs_sys_recv(fd, (uint8_t *)buf + got, len - got, (flags & (RS_MSG_PEEK | RS_MSG_WAITALL)) | MSG_DONTWAIT);
+        long r = rs_c_recv(c, (uint8_t *)buf + got, len - got, flags & (RS_MSG_PEEK | RS_MSG_WAITALL));
         if (r > 0) {
             got += (size_t)r;
             if (got == len || !(flags & RS_MSG_WAITALL) || (flags & RS_MSG_PEEK)) return (ssize_t)got;
@@ -219,7 +233,7 @@ ssize_t rs_tcp_recv(int fd, void *buf, size_t len, int flags, int timeout_ms)
         if (r == 0) return (ssize_t)got;
         if (r != -EAGAIN) return got ? (ssize_t)got : r;
         if (nonblock) return got ? (ssize_t)got : -EAGAIN;
-        int w = wait_event(fd, POLLIN, deadline);
+        int w = rs_sleep_fd(rs_fd_peek(c), POLLIN, deadline);
         if (w == 0) return got ? (ssize_t)got : -EAGAIN;
         if (w < 0) return got ? (ssize_t)got : w;
     }

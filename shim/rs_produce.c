@@ -24,41 +24,46 @@ static inline void store_fence(void)
 /* Writes keep 8 bytes of the ring free for the FIN record, so close never has to wait. */
 static inline uint64_t tx_free(rs_conn *c)
 {
-    return (uint64_t)c->ring_size - 8 - (c->tx_pos - c->tx_head_seen);
+    return (uint64_t)c->ring_size - 8 - (c->tx.pos - c->tx.head_seen);
 }
 
+/* The credit the consumer returned (its `head`, which the peer may set to anything): taken
+ * only if it is a record boundary between the last credit and what we wrote; anything else
+ * is ignored, and the writer waits for credit as long as its timeout lets it. */
 static inline void refresh_credit(rs_conn *c)
 {
     if (c->rdma) { rs_rdma_refresh_credit(c); return; }
-    c->tx_head_seen = __atomic_load_n(&c->tx_ctl->head, __ATOMIC_ACQUIRE);
+    uint64_t head = __atomic_load_n(&c->tx.ctl->head, __ATOMIC_ACQUIRE);
+    if (head > c->tx.head_seen && head <= c->tx.pos && !(head & 7)) c->tx.head_seen = head;
 }
 
 static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32_t n)
 {
-    uint32_t off = (uint32_t)(c->tx_pos & c->mask), rec = rs_rec_size(lenword);
-    uint8_t *p = c->tx_ring + off;
+    uint32_t off = (uint32_t)(c->tx.pos & c->mask), rec = rs_rec_size(lenword);
+    if (lenword < RS_LEN_CTL_MIN) c->tx.last_data = c->tx.pos;
+    uint8_t *p = c->tx.ring + off;
     if (n) memcpy(p + 4, payload, n);
     __atomic_store_n((uint32_t *)p, lenword, __ATOMIC_RELAXED);
     store_fence();
-    __atomic_store_n((uint32_t *)(p + rec - 4), rs_footer(c->salt, c->tx_seq, lenword), __ATOMIC_RELEASE);
-    c->tx_pos += rec;
-    c->tx_seq++;
-    c->stat_records_tx++;
+    __atomic_store_n((uint32_t *)(p + rec - 4), rs_footer(c->salt, c->tx.seq, lenword), __ATOMIC_RELEASE);
+    c->tx.pos += rec;
+    c->tx.seq++;
+    c->tx.records++;
 }
 
 /* The peer closed its socket: EPIPE, unless its transport failed first and said so. */
 static int peer_gone(rs_conn *c)
 {
-    if (c->rdma && !c->err) rs_rdma_drain(c);
-    if (c->fb && !c->err) return -EAGAIN;       /* a RESYNC frame came first: rs_send goes on by TCP */
-    return c->err ? -c->err : -EPIPE;
+    if (c->rdma && !RS_GET(c->err)) rs_rdma_check_peer(c);     /* its failure byte: it went on by TCP */
+    if (RS_GET(c->fb) && !RS_GET(c->err)) return -EAGAIN;       /* a RESYNC frame came first: rs_send goes on by TCP */
+    return RS_GET(c->err) ? -RS_GET(c->err) : -EPIPE;
 }
 
 /* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */
 #define RS_KEEP_WHOLE 512u
 
 /* Blocks until `need` bytes of credit are free, the deadline passes or the peer is gone. */
-static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
+static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline)
 {
     rs_tx_flush_bell(c);                        /* the consumer must know there is data */
     uint64_t spin_start = rs_now_ns(), spin_end = spin_start + c->spin_ns;
@@ -66,43 +71,42 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline_ns)
     for (;;) {
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
-        if (c->err) return -c->err;
-        if (c->fb) return -EAGAIN;              /* rs_send goes on by TCP */
-        if (c->tcp_eof) return peer_gone(c);
+        if (RS_GET(c->err)) return -RS_GET(c->err);
+        if (RS_GET(c->fb)) return -EAGAIN;              /* rs_send goes on by TCP */
+        if (RS_GET(c->tcp_eof)) return peer_gone(c);
+        if (c->tx.fin_sent) return -EPIPE;         /* shutdown(SHUT_WR) in another thread */
         uint64_t now = rs_now_ns();
-        if (deadline_ns && now >= deadline_ns) return -EAGAIN;
+        if (rs_passed(deadline)) return -EAGAIN;
         if (now < spin_end) { rs_spin_pause(now - spin_start); continue; }
-        rs_tx_arm_credit(c);
+        rs_tx_arm_credit_locked(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         /* Sleep without touching the receive side (another thread may be in recv) or
-         * the socket's data (its readiness belongs to the receiver): short, growing naps. */
-        struct timespec ts = { 0, (long)backoff_us * 1000 };
-        nanosleep(&ts, NULL);
+         * the socket's data (its readiness belongs to the receiver): short, growing naps,
+         * without the lock (another sender, poll or close may go on meanwhile). */
+        rs_unlock(&c->tx.lock);
+        int w = rs_nap((uint64_t)backoff_us * 1000u, deadline);
+        rs_lock(&c->tx.lock);
+        if (w < 0) return w;
         if (backoff_us < 1000) backoff_us *= 2;
-        if (!c->tcp_eof) {
-            struct pollfd p = { .fd = c->fd, .events = POLLRDHUP | POLLIN };
-            if (rs_sys_poll(&p, 1, 0) > 0) {
-                if (c->rdma && (p.revents & POLLIN)) rs_rdma_check_peer(c);   /* a RESYNC frame? */
-                if (!c->fb && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
-            }
-        }
+        if (c->rdma) rs_rdma_check_peer(c);            /* a RESYNC frame? */
+        rs_peer_gone(c);
     }
 }
 
 static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 
-/* rdma: the transmit state is the producing thread's, under tx_lock, so a thread that finds
- * the transport failed can take the direction over to TCP (rs_fallback.c) in between. */
+/* The transmit state changes under tx_lock (not held while a write waits for credit), so
+ * concurrent writers never interleave inside a record, and a thread that finds an rdma
+ * transport failed can take the direction over to TCP (rs_fallback.c) in between. */
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
 {
-    if (c->err) return -c->err;
-    if (!c->rdma) return ring_send(c, buf, len, nonblock, timeout_ms);
-    if (c->fb) return rs_fb_send(c, buf, len, nonblock, timeout_ms);
-    rs_tx_lock(c);
-    ssize_t r = c->fb ? -EAGAIN : ring_send(c, buf, len, nonblock, timeout_ms);
-    rs_tx_unlock(c);
-    if (!c->fb || c->err) return r;
+    if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (RS_GET(c->fb)) return rs_fb_send(c, buf, len, nonblock, timeout_ms);
+    rs_lock(&c->tx.lock);
+    ssize_t r = RS_GET(c->fb) ? -EAGAIN : ring_send(c, buf, len, nonblock, timeout_ms);
+    rs_unlock(&c->tx.lock);
+    if (!RS_GET(c->fb) || RS_GET(c->err)) return r;
     rs_fb_kick(c);
     if (r > 0) return r;                        /* in the shadow ring: part of the resend */
     return rs_fb_send(c, buf, len, nonblock, timeout_ms);
@@ -112,20 +116,17 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
 {
     const uint8_t *src = buf;
     size_t sent = 0;
-    uint64_t deadline = timeout_ms > 0 ? rs_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     if (timeout_ms == 0) nonblock = 1;
-    if (c->err) return -c->err;
-    if (c->tcp_eof) return peer_gone(c);
-    if (c->fin_sent) return -EPIPE;
-    if (c->fin_seen) {
-        /* The peer shut its side down; if it closed the socket altogether, TCP would fail
-         * this write with EPIPE: ask the kernel (only ever after a FIN record). */
-        struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
-        if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) { c->tcp_eof = 1; return peer_gone(c); }
-    }
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
+    if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (RS_GET(c->tcp_eof)) return peer_gone(c);
+    if (c->tx.fin_sent) return -EPIPE;
+    /* The peer shut its side down; if it closed the socket altogether, TCP would fail this
+     * write with EPIPE: ask the kernel (only ever after a FIN record). */
+    if (c->rx.fin_seen && rs_peer_gone(c)) return peer_gone(c);
     while (sent < len) {
         uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
-        uint32_t to_end = c->ring_size - (uint32_t)(c->tx_pos & c->mask);
+        uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
         int wrap = 0;
         if (rs_rec_size(chunk) > to_end) {
             if (chunk <= RS_KEEP_WHOLE || to_end < 64) wrap = 1;
@@ -143,15 +144,11 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
             if (nonblock) {
                 /* Full ring: only here is it worth a system call to learn that the peer
                  * is gone (a nonblocking writer would otherwise retry forever). */
-                if (!sent && !c->tcp_eof) {
-                    struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
-                    if (rs_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) c->tcp_eof = 1;
-                    if (c->tcp_eof) return peer_gone(c);
-                }
+                if (!sent && rs_peer_gone(c)) return peer_gone(c);
                 break;
             }
             int r = wait_credit(c, need, deadline);
-            if (c->fb) break;                   /* sent so far is in the resend; rs_send goes on */
+            if (RS_GET(c->fb)) break;                   /* sent so far is in the resend; rs_send goes on */
             if (r < 0) {
                 if (sent) break;
                 return r;
@@ -160,42 +157,77 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
         }
         if (wrap) {
             put_record(c, RS_LEN_WRAP, NULL, 0);
-            c->tx_pos += to_end - 8;            /* the rest of the tail stays zero */
+            c->tx.pos += to_end - 8;            /* the rest of the tail stays zero */
         }
         put_record(c, chunk, src + sent, chunk);
-        c->tx_bytes += chunk;
+        c->tx.bytes += chunk;
         sent += chunk;
     }
     unsigned cpu = (unsigned)sched_getcpu() + 1u;          /* vDSO: no system call */
-    if (__atomic_load_n(&c->tx_ctl->tx_cpu, __ATOMIC_RELAXED) != cpu)
-        __atomic_store_n(&c->tx_ctl->tx_cpu, cpu, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&c->tx.ctl->tx_cpu, __ATOMIC_RELAXED) != cpu)
+        __atomic_store_n(&c->tx.ctl->tx_cpu, cpu, __ATOMIC_RELAXED);
     rs_tx_flush_bell(c);
     if (sent == 0 && len > 0) return -EAGAIN;
     return (ssize_t)sent;
 }
 
-/* Half-close: a FIN record after the last data byte.  Always fits (8 bytes reserved). */
-int rs_send_fin(rs_conn *c)
+/* The end of our direction: a FIN (or RESET) record after the last data byte.  Always
+ * fits (8 bytes reserved). */
+static int send_end(rs_conn *c, uint32_t lenword)
 {
-    if (c->fin_sent) return 0;
-    rs_tx_lock(c);
-    c->fin_sent = 1;
-    int r = c->err ? -c->err : 0;
-    if (!r && c->fb) rs_fb_shutdown(c);         /* a TCP half-close after the resend */
-    else if (!r) {
-        put_record(c, RS_LEN_FIN, NULL, 0);
-        rs_tx_flush_bell(c);
+    rs_lock(&c->tx.lock);
+    int r = 0;
+    if (!c->tx.fin_sent) {
+        c->tx.fin_sent = 1;
+        r = RS_GET(c->err) ? -RS_GET(c->err) : 0;
+        if (!r && RS_GET(c->fb)) rs_fb_shutdown(c);     /* a TCP half-close after the resend */
+        else if (!r) {
+            put_record(c, lenword, NULL, 0);
+            rs_tx_flush_bell(c);
+        }
     }
-    rs_tx_unlock(c);
+    rs_unlock(&c->tx.lock);
     return r;
 }
 
-/* 1 if a write of at least one small record would not block. */
-int rs_tx_writable(rs_conn *c)
+int rs_send_fin(rs_conn *c) { return send_end(c, RS_LEN_FIN); }
+
+/* An abortive close (the kernel would send RST): the peer's reads end in ECONNRESET. */
+int rs_send_reset(rs_conn *c) { return send_end(c, RS_LEN_RESET); }
+
+/* 1 if the peer has not consumed everything we sent (it closed or died with data of ours
+ * unread).  shm: the consumer re-zeroes records in order as it consumes them, so our
+ * last data record still being there says it; rdma: the credit says it. */
+int rs_tx_unread_at_peer(rs_conn *c)
 {
-    if (c->err || c->fin_sent) return 1;                 /* the write reports the error */
-    if (c->fb) return rs_fb_tx_writable(c);
-    if (c->tcp_eof) return 1;
+    rs_lock(&c->tx.lock);
+    int r = 0;
+    if (c->tx.bytes && c->tx.ring) {
+        if (c->rdma || RS_GET(c->fb)) {
+            refresh_credit(c);
+            r = c->tx.head_seen <= c->tx.last_data;
+        } else {
+            r = __atomic_load_n((uint32_t *)(c->tx.ring + (c->tx.last_data & c->mask)), __ATOMIC_ACQUIRE) != 0;
+        }
+    }
+    rs_unlock(&c->tx.lock);
+    return r;
+}
+
+/* 1 if a write of at least one small record would not block (caller holds tx_lock). */
+int rs_tx_writable_locked(rs_conn *c)
+{
+    if (RS_GET(c->err) || c->tx.fin_sent) return 1;                 /* the write reports the error */
+    if (RS_GET(c->fb)) return rs_fb_tx_writable(c);
+    if (RS_GET(c->tcp_eof)) return 1;
     refresh_credit(c);
     return tx_free(c) >= 2u * RS_KEEP_WHOLE + 16;
+}
+
+int rs_tx_writable(rs_conn *c)
+{
+    rs_lock(&c->tx.lock);
+    int r = rs_tx_writable_locked(c);
+    rs_unlock(&c->tx.lock);
+    return r;
 }

@@ -35,19 +35,23 @@
 #endif
 #endif
 
+/* Registered memory is pinned, so it is populated at once (unlike shm's).  It counts
+ * against the process's ring memory budget (rs_shm.c).  NULL with errno ENOBUFS: over the
+ * budget. */
 void *rs_rdma_alloc(uint32_t ring_size, size_t *len_out)
 {
-    if (ring_size < RS_RING_MIN || ring_size > RS_RING_MAX || (ring_size & (ring_size - 1))) return NULL;
+    if (ring_size < RS_RING_MIN || ring_size > RS_RING_MAX || (ring_size & (ring_size - 1))) { errno = EINVAL; return NULL; }
     size_t len = RS_RDMA_HDR + 2 * (size_t)ring_size;
+    if (rs_ring_memory_reserve(len) < 0) { errno = ENOBUFS; return NULL; }
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    if (p == MAP_FAILED) { int e = errno; rs_ring_memory_release(len); errno = e; return NULL; }
     *len_out = len;
     return p;
 }
 
 void rs_rdma_unalloc(void *base, size_t len)
 {
-    if (base) munmap(base, len);
+    if (base) { munmap(base, len); rs_ring_memory_release(len); }
 }
 
 #ifndef RS_HAVE_VERBS
@@ -67,10 +71,12 @@ int  rs_rdma_arm_credit(rs_conn *c) { (void)c; return 1; }
 void rs_rdma_publish_credit(rs_conn *c, int force) { (void)c; (void)force; }
 int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
 void rs_rdma_drain(rs_conn *c) { (void)c; }
+void rs_rdma_drain_locked(rs_conn *c) { (void)c; }
 void rs_rdma_free(rs_conn *c) { (void)c; }
 int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
 void rs_rdma_silence(rs_conn *c) { (void)c; }
 void rs_rdma_check_peer(rs_conn *c) { (void)c; }
+void rs_rdma_after_fork_child(rs_conn *c) { (void)c; }
 
 #else
 
@@ -131,8 +137,8 @@ static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
     if (r->failed) return;
     r->failed = 1;
     __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);     /* a peer's READ sees it */
-    if (c->tcp_eof || c->err) { rs_conn_set_error(c, err, "%s", msg); return; }
-    if (!c->fb) snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    if (RS_GET(c->tcp_eof) || RS_GET(c->err)) { rs_conn_set_error(c, err, "%s", msg); return; }
+    if (!RS_GET(c->fb)) snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     rs_fb_begin(c);
 }
 
@@ -291,7 +297,7 @@ static int sync_peer(rs_conn *c)
  * mirror may in principle be read while the peer's NIC writes it). */
 static void take_credit(rs_conn *c, uint64_t head)
 {
-    if (head > c->tx_head_seen && head <= c->tx_pos && !(head & 7)) c->tx_head_seen = head;
+    if (head > c->tx.head_seen && head <= c->tx.pos && !(head & 7)) c->tx.head_seen = head;
 }
 
 rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_t salt, int fd, uint32_t spin_ns,
@@ -301,7 +307,7 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
         errno = EINVAL;
         return NULL;
     }
-    rs_conn *c = calloc(1, sizeof *c);
+    rs_conn *c = rs_conn_alloc();
     struct rs_rdma *r = calloc(1, sizeof *r);
     if (!c || !r) { free(c); free(r); errno = ENOMEM; return NULL; }
     uint8_t *b = base;
@@ -310,11 +316,11 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     c->mask = ring_size - 1;
     c->max_payload = rs_max_payload(ring_size);
     c->salt = salt;
-    c->rx_ring = b + RS_RDMA_HDR;
-    c->tx_ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */
-    c->rx_ctl = (struct rs_dir_ctl *)(b + RS_RDMA_OFF_CTL);
-    c->tx_ctl = c->rx_ctl + 1;                          /* private: nobody else reads them */
-    c->spin_ns = c->spin_cur = spin_ns;
+    c->rx.ring = b + RS_RDMA_HDR;
+    c->tx.ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */
+    c->rx.ctl = (struct rs_dir_ctl *)(b + RS_RDMA_OFF_CTL);
+    c->tx.ctl = c->rx.ctl + 1;                          /* private: nobody else reads them */
+    c->spin_ns = c->rx.spin_cur = spin_ns;
     c->map_base = base;
     c->map_len = len;
     r->qp = p->qp;
@@ -326,9 +332,6 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     r->sync = (struct rs_rdma_words *)(b + RS_RDMA_OFF_SYNC);
     r->sig_every = p->sq_depth / 4;
     pthread_mutex_init(&r->lock, NULL);
-    pthread_mutex_init(&c->tx_lock, NULL);
-    pthread_mutex_init(&c->rx_lock, NULL);
-    c->tx_locking = 1;
     c->rdma = r;
     return c;
 }
@@ -339,7 +342,7 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
 {
     struct rs_rdma *r = c->rdma;
     if (!r) return 0;
-    if (c->fb) return rs_fb_finish_tx(c, timeout_ms);   /* the resend goes by TCP */
+    if (RS_GET(c->fb)) return rs_fb_finish_tx(c, timeout_ms);   /* the resend goes by TCP */
     rs_rdma_post_records(c);
     pthread_mutex_lock(&r->lock);
     if (!r->failed && r->posted > r->completed && r->since_sig && ensure_room_locked(c, 1) == 0) {
@@ -356,18 +359,20 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
         sched_yield();
         pthread_mutex_lock(&r->lock);
     }
-    int rc = r->failed ? -c->err : r->completed < target ? -ETIMEDOUT : 0;
+    int rc = r->failed ? -RS_GET(c->err) : r->completed < target ? -ETIMEDOUT : 0;
     pthread_mutex_unlock(&r->lock);
     return rc;
+}
+
+void rs_rdma_after_fork_child(rs_conn *c)
+{
+    if (c->rdma) pthread_mutex_init(&c->rdma->lock, NULL);
 }
 
 void rs_rdma_free(rs_conn *c)
 {
     if (!c->rdma) return;
     pthread_mutex_destroy(&c->rdma->lock);
-    pthread_mutex_destroy(&c->tx_lock);
-    pthread_mutex_destroy(&c->rx_lock);
-    c->tx_locking = 0;
     free(c->rdma);
     c->rdma = NULL;
 }
@@ -377,22 +382,22 @@ void rs_rdma_free(rs_conn *c)
 void rs_rdma_post_records(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    if (r->tx_posted == c->tx_pos) return;
+    if (r->tx_posted == c->tx.pos) return;
     pthread_mutex_lock(&r->lock);
-    while (!r->failed && r->tx_posted < c->tx_pos) {
+    while (!r->failed && r->tx_posted < c->tx.pos) {
         uint32_t off = (uint32_t)(r->tx_posted & c->mask);
-        uint32_t lw = *(uint32_t *)(c->tx_ring + off), rec = rs_rec_size(lw);
+        uint32_t lw = *(uint32_t *)(c->tx.ring + off), rec = rs_rec_size(lw);
         if (r->nwr == BATCH) post_locked(c);
         if (ensure_room_locked(c, (uint32_t)r->nwr + 1) < 0) break;
-        add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)(c->tx_ring + off), rec, r->p.lkey_shadow,
+        add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)(c->tx.ring + off), rec, r->p.lkey_shadow,
                       r->p.raddr_ring + off, r->p.rkey_ring, 0, 0);
         r->tx_posted += lw == RS_LEN_WRAP ? c->ring_size - off : rec;
     }
     if (!r->failed) post_locked(c);
     else r->nwr = 0;
     pthread_mutex_unlock(&r->lock);
-    __atomic_store_n(&r->own->tx_bytes, c->tx_bytes, __ATOMIC_RELEASE);
-    __atomic_store_n(&r->own->tx_seq, c->tx_seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->own->tx_bytes, c->tx.bytes, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->own->tx_seq, c->tx.seq, __ATOMIC_RELEASE);
 }
 
 /* One doorbell byte answering the peer's request `seq`; only a byte that left counts as
@@ -401,14 +406,14 @@ static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
 {
     struct rs_rdma *r = c->rdma;
     pthread_mutex_lock(&r->lock);                     /* never after a RESYNC frame's first byte */
-    long n = r->silent ? 0 : rs_sys_send(c->fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    long n = r->silent ? 0 : rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     pthread_mutex_unlock(&r->lock);
     if (n == 1) {
         *answered = seq;
         __atomic_fetch_add(&c->rdma->own->bells_sent, 1, __ATOMIC_RELAXED);
-        c->stat_bells_sent++;
+        __atomic_fetch_add(&c->bells_sent, 1, __ATOMIC_RELAXED);
     } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
-        c->tcp_eof = 1;
+        RS_SET(c->tcp_eof, 1);
     }
 }
 
@@ -433,7 +438,7 @@ void rs_rdma_refresh_credit(rs_conn *c)
 int rs_rdma_arm_credit(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    if (c->fb) return rs_fb_tx_writable(c);
+    if (RS_GET(c->fb)) return rs_fb_tx_writable(c);
     rs_rdma_refresh_credit(c);
     if (r->credit_armed) check_cq(c);                 /* a producer that only waits notices failures */
     if (r->credit_armed || r->failed) return 0;
@@ -449,14 +454,14 @@ int rs_rdma_arm_credit(rs_conn *c)
 void rs_rdma_publish_credit(rs_conn *c, int force)
 {
     struct rs_rdma *r = c->rdma;
-    uint64_t lag = c->rx_pos - c->rx_head_pub;
+    uint64_t lag = c->rx.pos - c->rx.head_pub;
     uint64_t tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
     int waiting = tw != r->credit_answered;
     if (!lag && !waiting) return;
     if (!force && !waiting && lag < c->ring_size / 4) return;
     if (lag) {
-        __atomic_store_n(&r->own->rx_head, c->rx_pos, __ATOMIC_RELEASE);
-        c->rx_head_pub = c->rx_pos;
+        __atomic_store_n(&r->own->rx_head, c->rx.pos, __ATOMIC_RELEASE);
+        c->rx.head_pub = c->rx.pos;
         push_own(c);
     }
     if (!waiting || r->failed) return;
@@ -471,16 +476,22 @@ void rs_rdma_publish_credit(rs_conn *c, int force)
  * frame between them. */
 void rs_rdma_drain(rs_conn *c)
 {
+    rs_lock(&c->rx.lock);
+    rs_rdma_drain_locked(c);
+    rs_unlock(&c->rx.lock);
+}
+
+void rs_rdma_drain_locked(rs_conn *c)
+{
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
-    if (c->fb_rx) return;
-    pthread_mutex_lock(&c->rx_lock);
-    for (int i = 0; i < 64 && !c->fb_rx; i++) {     /* also after EOF: a frame may precede it */
-        long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (c->rx.fb) return;
+    for (int i = 0; i < 64 && !c->rx.fb; i++) {     /* also after EOF: a frame may precede it */
+        long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (n == -ECONNRESET)           /* a reset discards what was queued, a frame too */
             rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer reset the connection "
                               "(its process or its RDMA transport failed)");
-        if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { c->tcp_eof = 1; break; }
+        if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { RS_SET(c->tcp_eof, 1); break; }
         if (n < 0) break;
         long k = 0;
         for (; k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT); k++) {
@@ -488,8 +499,8 @@ void rs_rdma_drain(rs_conn *c)
             else r->credit_armed = 0;
         }
         if (k) {
-            rs_sys_recv(c->fd, buf, (size_t)k, MSG_DONTWAIT);
-            c->bells_drained += (uint64_t)k;
+            rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);
+            c->rx.bells_drained += (uint64_t)k;
         }
         if (k < n) {
             if (buf[k] == RS_BELL_RESYNC) peer_failed(c);
@@ -498,7 +509,6 @@ void rs_rdma_drain(rs_conn *c)
         }
         if ((size_t)n < sizeof buf) break;
     }
-    pthread_mutex_unlock(&c->rx_lock);
 }
 
 /* A producer that only waits for credit looks at the socket without taking anything:
@@ -506,8 +516,8 @@ void rs_rdma_drain(rs_conn *c)
 void rs_rdma_check_peer(rs_conn *c)
 {
     uint8_t buf[64];
-    if (c->fb || !c->rdma) return;
-    long n = rs_sys_recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (RS_GET(c->fb) || !c->rdma) return;
+    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     for (long k = 0; k < n; k++) {
         if (buf[k] == RS_BELL_RESYNC) { peer_failed(c); return; }
         if (buf[k] != RS_BELL_DATA && buf[k] != RS_BELL_CREDIT) return;
@@ -518,27 +528,27 @@ void rs_rdma_check_peer(rs_conn *c)
 int rs_rdma_go_idle(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    if (c->fb) return rs_rx_ready(c);                  /* the socket tells (rs_fallback.c) */
-    rs_rdma_drain(c);
-    if (rs_rx_ready(c)) return 1;
+    if (RS_GET(c->fb)) return rs_rx_ready_locked(c);                  /* the socket tells (rs_fallback.c) */
+    rs_rdma_drain_locked(c);
+    if (rs_rx_ready_locked(c)) return 1;
     if (r->data_armed) check_cq(c);                   /* before sleeping: our QP may have failed */
-    if (c->fb) return rs_rx_ready(c);
-    if (c->err || c->tcp_eof || r->data_armed) return 0;
+    if (RS_GET(c->fb)) return rs_rx_ready_locked(c);
+    if (RS_GET(c->err) || RS_GET(c->tcp_eof) || r->data_armed) return 0;
     rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
     __atomic_fetch_add(&r->own->want_seq, 1, __ATOMIC_SEQ_CST);
-    if (sync_peer(c) < 0) return c->fb ? rs_rx_ready(c) : 0;
+    if (sync_peer(c) < 0) return RS_GET(c->fb) ? rs_rx_ready_locked(c) : 0;
     take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     uint64_t posted = __atomic_load_n(&r->sync->tx_seq, __ATOMIC_ACQUIRE);
-    if (c->fb) return rs_rx_ready(c);
-    if (posted <= c->rx_seq) { r->data_armed = 1; return 0; }
+    if (RS_GET(c->fb)) return rs_rx_ready_locked(c);
+    if (posted <= c->rx.seq) { r->data_armed = 1; return 0; }
     /* Records are posted but still on the wire: they land within a round trip. */
     uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
-    while (!rs_rx_ready(c)) {
+    while (!rs_rx_ready_locked(c)) {
         uint64_t now = rs_now_ns();
         if (now > deadline) {
             rdma_fail(c, ETIMEDOUT, "rdmasock: records the peer posted did not arrive within %u ms",
                       r->p.sync_timeout_ms);
-            return c->fb ? rs_rx_ready(c) : 0;
+            return RS_GET(c->fb) ? rs_rx_ready_locked(c) : 0;
         }
         if (now - start > 20000) sched_yield(); else rs_relax();
     }

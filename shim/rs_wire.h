@@ -25,6 +25,8 @@
 
 #define RS_LEN_WRAP        0xFFFFFFFFu          /* skip to ring offset 0 */
 #define RS_LEN_FIN         0xFFFFFFFEu          /* sender shut down its direction: EOF after this */
+#define RS_LEN_RESET       0xFFFFFFFDu          /* sender closed abortively (SO_LINGER 0, or with data of
+                                                 * ours unread): ECONNRESET after this, as TCP's RST */
 #define RS_LEN_CTL_MIN     0xFFFFFF00u          /* lenwords >= this are control codes */
 
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */

@@ -129,6 +129,25 @@ def test_garbage_reply_gives_client_clear_error():
         x.close()
 
 
+def test_accept_of_a_larger_ring_than_offered_is_refused():
+    """A server that grants more ring than the HELLO asked for would make the client map
+    more than it reserved: a clear handshake error, before any descriptor is looked at."""
+    ls = socket.create_server(("127.0.0.1", 0))
+    lmarker = rendezvous.register_listener(ls)   # pretends to be rdmasock
+    c = rdmasock.create_connection(ls.getsockname(), timeout=5)
+    s, _ = ls.accept()
+    hello = hs.parse(recv_exact(s, 64), (hs.OP_HELLO,))
+    assert hello.ring_log2 < 30
+    s.sendall(hs.Message(hs.OP_ACCEPT, features=hs.SUPPORTED, transports=hs.T_SHM, nonce=hello.nonce,
+                         ring_log2=30, salt=1).pack())
+    with pytest.raises(OSError) as ei:
+        c.recv(10)
+    assert ei.value.errno == errno.EPROTO
+    assert c.fallback_reason == "handshake_garbage"
+    for x in (c, s, ls, lmarker):
+        x.close()
+
+
 def _my_segments():
     out = []
     for fd in glob.glob("/proc/%d/fd/*" % os.getpid()):

@@ -77,7 +77,7 @@ static void engine_load(void)
     if (rs_pyworld_find(&world, why, sizeof why)) { log_unusable(why); return; }
     /* A host that is not Python gets the installation's libpython, found at run time. */
     if (!host_version && !dlopen(world.libpython, RTLD_NOW | RTLD_GLOBAL)) {
-        snprintf(why, sizeof why, "engine_not_loadable: %s (the interpreter %s needs it)", dlerror(), world.exe);
+        snprintf(why, sizeof why, "engine_not_loadable: %.1000s (the interpreter %.900s needs it)", dlerror(), world.exe);
         log_unusable(why);
         return;
     }
@@ -96,7 +96,7 @@ static void engine_load(void)
     SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back");
     if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
         !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back) {
-        snprintf(why, sizeof why, "engine_incomplete: %s lacks an rse_* entry point (a mismatched build)", path);
+        snprintf(why, sizeof why, "engine_incomplete: %.1900s lacks an rse_* entry point (a mismatched build)", path);
         log_unusable(why);
         return;
     }
@@ -125,7 +125,6 @@ int rs_engine_loaded(void) { return __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE
 #define CALL(expr) do { int e_ = errno; rs_in_engine = 1; expr; rs_in_engine = 0; errno = e_; } while (0)
 
 int rs_br_listen(int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.listen(fd)); return r; }
-void rs_br_unlisten(int fd) { if (rs_engine_loaded()) CALL(eng.unlisten(fd)); }
 int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
 {
     int r = 0;
@@ -137,73 +136,25 @@ int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = e
 void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
 void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd, reason)); }
 
-/* Frees an upgraded connection: an rdma one first lets its last WRITEs leave and has the
- * engine destroy its verbs objects (which must go before the memory is unmapped).  After
- * fork the verbs objects belong to the parent: the child only drops its copy. */
-void rs_br_conn_free(rs_conn *c, int forked)
-{
-    if (c && c->rdma && !forked) rs_rdma_drain(c);     /* unread bells would make close send RST */
-    if (c && c->rdma && !forked && rs_engine_loaded()) CALL(eng.release((uintptr_t)c));
-    rs_conn_free(c);
-}
+/* ---- what the socket object (shim/rs_sock.c) asks of this host ---------------------- */
 
-/* An rdma connection's transport failed and it goes on over TCP: `rdmasock stat` shows
- * transport tcp with reason rdma_failed, and the log says why (once per connection). */
-void rs_note_fallback(struct rs_link *l)
+static int host_step(int handle, int wait_ms, uintptr_t *out)
 {
-    if (!l->stat || l->stat->transport == 0) return;
-    l->stat->transport = 0;
-    l->stat->reason = RS_REASON_RDMA_FAILED;
-    if (rs_engine_loaded()) CALL(eng.fell_back(l->conn->fd, l->stat->role, (uintptr_t)l->conn));
-}
-
-/* Engine step results (rdmasock/engine.py) */
-#define STEP_PENDING   0
-#define STEP_RING      1
-#define STEP_TCP       2
-#define STEP_PRE_RX    3
-#define STEP_CONNECTING 4
-
-int rs_step(int fd, struct rs_link *l, int wait_ms)
-{
-    if (l->state != RS_CLIENT_HS && l->state != RS_SERVER_HS) return 1;
-    if (!rs_engine_loaded()) { l->state = RS_PLAIN; return 1; }
-    pthread_mutex_lock(&l->lock);
-    int r = 1;
-    if (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS) {
-        uintptr_t out[2] = { 0, 0 };
-        int e = errno;
-        int role = l->state == RS_CLIENT_HS ? 1 : 2;
-        rs_in_engine = 1;
-        int s = eng.step(l->handle, wait_ms, out);
-        rs_in_engine = 0;
-        errno = e;
-        if (s != STEP_PENDING && s != STEP_CONNECTING)
-            l->stat = rs_stat_open(fd, role, s != STEP_RING ? 0 : ((rs_conn *)out[0])->rdma ? 2 : 1, (int)out[1]);
-        if (s < 0) {
-            l->state = RS_BROKEN;
-            l->err = -s;
-        } else if (s == STEP_RING) {
-            rs_conn *c = (rs_conn *)out[0];
-            int one = 1;
-            socklen_t sl = sizeof one;
-            int v = 0;
-            if (rs_real.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) l->app_nodelay = v != 0;
-            rs_real.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            c->lazy_tidy = !l->ep_unknown;   /* rs_hooks_wait.c answers readiness from the ring */
-            l->conn = c;
-            l->forked = 0;           /* made in this process: no other process holds the ring */
-            __atomic_store_n(&l->state, RS_RING, __ATOMIC_RELEASE);
-        } else if (s == STEP_PRE_RX) {
-            l->conn = (rs_conn *)out[0];
-            __atomic_store_n(&l->state, RS_PRE_RX, __ATOMIC_RELEASE);
-        } else if (s == STEP_TCP) {
-            __atomic_store_n(&l->state, RS_PLAIN, __ATOMIC_RELEASE);
-        } else {
-            r = 0;
-            l->hello_pending = s == STEP_CONNECTING;
-        }
-    }
-    pthread_mutex_unlock(&l->lock);
+    if (!rs_engine_loaded()) return RS_STEP_TCP;
+    int r;
+    CALL(r = eng.step(handle, wait_ms, out));
     return r;
 }
+static void host_unlisten(int handle) { if (rs_engine_loaded()) CALL(eng.unlisten(handle)); }
+static void host_release(rs_conn *c) { if (rs_engine_loaded()) CALL(eng.release((uintptr_t)c)); }
+static void host_fell_back(int fd, int role, rs_conn *c)
+{
+    if (rs_engine_loaded()) CALL(eng.fell_back(fd, role, (uintptr_t)c));
+}
+
+static const struct rs_host_ops preload_host = {
+    .step = host_step, .drop = rs_br_drop, .unlisten = host_unlisten, .release = host_release,
+    .fell_back = host_fell_back, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
+};
+
+__attribute__((constructor)) static void bridge_init(void) { rs_host = &preload_host; }

@@ -1,5 +1,5 @@
-/* rs_hooks_sock.c - socket set-up and descriptor calls: who is a candidate for an
- * upgrade, and keeping the fd table true across dup, close, fcntl and fork. */
+/* rs_hooks_sock.c - socket set-up and descriptor calls: which sockets are candidates for an
+ * upgrade, and keeping the descriptor table true across dup, close, fcntl and fork. */
 #include "rs_preload.h"
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,8 +21,8 @@ static int is_inet_stream(int fd)
     return ss.ss_family == AF_INET || ss.ss_family == AF_INET6;
 }
 
-static void fork_prepare(void) { rs_links_mark_forked(); }
-static void fork_child(void) { rs_stats_after_fork(); }
+static void fork_prepare(void) { rs_sock_mark_all_forked(); }
+static void fork_child(void) { rs_stats_after_fork(); rs_socks_after_fork_child(); rs_ep_after_fork_child(); }
 
 __attribute__((constructor)) static void hooks_init(void)
 {
@@ -30,10 +30,21 @@ __attribute__((constructor)) static void hooks_init(void)
     pthread_atfork(fork_prepare, NULL, fork_child);
 }
 
+/* A socket that stays plain TCP for a reason decided at connect/accept: it gets a stats
+ * row, released when it closes. */
+static void track_plain(int fd, int role, int reason)
+{
+    struct rs_sock *s = rs_track(fd, RS_PLAIN);
+    if (!s) return;
+    s->role = (uint8_t)role;
+    s->stat = rs_stat_open(fd, role, RS_TRANSPORT_TCP, reason);
+    rs_sock_put(s);
+}
+
 RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 {
     if (!rs_real.read) rs_real_init();
-    if (rs_in_engine || !sa || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) || rs_link_of(fd) ||
+    if (rs_in_engine || !sa || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) || rs_is_tracked(fd) ||
         !is_inet_stream(fd))
         return rs_real.connect(fd, sa, len);
     int handle = rs_br_connect_plan(fd, sa, len);
@@ -42,21 +53,21 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
     if (handle < 0 && (r == 0 || e == EINPROGRESS)) {
         /* Plain TCP, for a reason: remembered (a second connect() on the same socket, as
          * nonblocking clients do to learn the outcome, decides nothing new). */
-        struct rs_link *l = rs_link_new(fd, RS_PLAIN);
-        if (l) l->stat = rs_stat_open(fd, 1, 0, -handle);
+        track_plain(fd, RS_ROLE_CLIENT, -handle);
         rs_br_plain(fd, -handle);
-        errno = e;
     }
-    if (handle <= 0) return r;
-    if (r == 0 || e == EINPROGRESS) {
-        struct rs_link *l = rs_link_new(fd, RS_CLIENT_HS);
-        if (!l) { rs_br_drop(handle); errno = e; return r; }
-        l->handle = handle;
-        l->ep_unknown = !rs_ep_adopt(fd);
-        l->hello_pending = r != 0;
-        if (r == 0) rs_br_hello(handle);
-    } else {
-        rs_br_drop(handle);
+    if (handle > 0) {
+        struct rs_sock *s = r == 0 || e == EINPROGRESS ? rs_track(fd, RS_CLIENT_HS) : NULL;
+        if (!s) {
+            rs_br_drop(handle);
+        } else {
+            s->handle = handle;
+            s->role = RS_ROLE_CLIENT;
+            s->ep_unknown = !rs_ep_adopt(fd);
+            s->hello_pending = r != 0;
+            if (r == 0) rs_br_hello(handle);
+            rs_sock_put(s);
+        }
     }
     errno = e;
     return r;
@@ -66,12 +77,13 @@ RS_EXPORT int listen(int fd, int backlog)
 {
     if (!rs_real.read) rs_real_init();
     int r = rs_real.listen(fd, backlog);
-    if (r != 0 || PASS || rs_link_of(fd) || !is_inet_stream(fd)) return r;
+    if (r != 0 || PASS || rs_is_tracked(fd) || !is_inet_stream(fd)) return r;
     int e = errno;
-    if (rs_br_listen(fd) > 0) {
-        struct rs_link *l = rs_link_new(fd, RS_LISTEN);
-        if (l) l->handle = fd;
-        else rs_br_unlisten(fd);
+    int handle = rs_br_listen(fd);
+    if (handle > 0) {
+        struct rs_sock *s = rs_track(fd, RS_LISTEN);
+        if (s) { s->handle = handle; rs_sock_put(s); }
+        else rs_br_drop(handle);
     }
     errno = e;
     return 0;
@@ -79,22 +91,22 @@ RS_EXPORT int listen(int fd, int backlog)
 
 static int after_accept(int lfd, int fd)
 {
-    struct rs_link *ll = rs_link_of(lfd);
-    if (fd < 0 || !ll || ll->state != RS_LISTEN || rs_in_engine) return fd;
+    if (fd < 0 || rs_in_engine) return fd;
+    struct rs_sock *ls = rs_sock_of(lfd);
+    if (!ls) return fd;
+    int listening = rs_sock_state(ls) == RS_LISTEN;
+    rs_sock_put(ls);
+    if (!listening) return fd;
     int e = errno;
     rs_ep_fd_fresh(fd);
+    rs_untrack(fd);                                  /* a reused number: forget it */
     int handle = rs_br_accept(lfd, fd);
     if (handle > 0) {
-        struct rs_link *l = rs_link_new(fd, RS_SERVER_HS);
-        if (l) l->handle = handle;
+        struct rs_sock *s = rs_track(fd, RS_SERVER_HS);
+        if (s) { s->handle = handle; s->role = RS_ROLE_SERVER; rs_sock_put(s); }
         else rs_br_drop(handle);
-    } else {
-        struct rs_link *stale = rs_link_detach(fd);       /* a reused number: forget it */
-        if (stale) rs_link_free(stale, -1);
-        if (handle < 0) {
-            struct rs_link *l = rs_link_new(fd, RS_PLAIN);
-            if (l) l->stat = rs_stat_open(fd, 2, 0, -handle);
-        }
+    } else if (handle < 0) {
+        track_plain(fd, RS_ROLE_SERVER, -handle);
     }
     errno = e;
     return fd;
@@ -115,13 +127,9 @@ RS_EXPORT int accept4(int lfd, struct sockaddr *sa, socklen_t *len, int flags)
 RS_EXPORT int close(int fd)
 {
     if (!rs_real.read) rs_real_init();
-    if (rs_link_of(fd)) {
-        struct rs_link *l = rs_link_detach(fd);
-        if (l) rs_link_free(l, fd);             /* FIN goes out while the fd is still open */
-        rs_ep_forget(fd);
-    } else if (rs_ep_is_set(fd)) {
-        rs_ep_forget(fd);
-    }
+    int tracked = rs_is_tracked(fd);
+    if (tracked) rs_untrack(fd);                    /* a last close sends the FIN record now */
+    if (tracked || rs_ep_is_set(fd)) rs_ep_forget(fd);
     rs_ep_fd_fresh(fd);
     return rs_real.close(fd);
 }
@@ -129,34 +137,24 @@ RS_EXPORT int close(int fd)
 RS_EXPORT int shutdown(int fd, int how)
 {
     if (!rs_real.read) rs_real_init();
-    struct rs_link *l = rs_link_of(fd);
-    if (!l || rs_in_engine) return rs_real.shutdown(fd, how);
-    if (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS) {
-        /* The half-close must travel the way the data will: wait (bounded) for the answer. */
-        if (!rs_step(fd, l, 5000)) { rs_br_drop(l->handle); l->state = RS_PLAIN; }
-    }
-    if (l->state != RS_RING) return rs_real.shutdown(fd, how);
-    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) { errno = EINVAL; return -1; }
-    if (how != SHUT_WR) l->conn->shut_rd = 1;
-    if (how != SHUT_RD) rs_send_fin(l->conn);
+    struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
+    if (!s) return rs_real.shutdown(fd, how);
+    int plain, r = rs_sock_shutdown(s, how, &plain);
+    rs_sock_put(s);
+    if (plain) return rs_real.shutdown(fd, how);
+    if (r < 0) { errno = -r; return -1; }
     return 0;
 }
 
+/* newfd now refers to oldfd's open file: it shares oldfd's socket, if any. */
 static int share(int oldfd, int newfd)
 {
     if (newfd >= 0) {
-        rs_ep_fd_fresh(newfd);                 /* a new file behind that number */
-        struct rs_link *l = rs_link_of(oldfd);
-        if (l) rs_link_share(newfd, l);
+        rs_ep_fd_fresh(newfd);                  /* a new file behind that number */
+        if (rs_is_tracked(oldfd)) rs_share(oldfd, newfd);
+        else if (rs_is_tracked(newfd)) rs_untrack(newfd);
     }
     return newfd;
-}
-
-/* dup2/dup3 onto a descriptor we track: its state ends first (as close would). */
-static void forget(int fd)
-{
-    struct rs_link *l = rs_link_detach(fd);
-    if (l) rs_link_free(l, fd);
 }
 
 RS_EXPORT int dup(int fd)
@@ -165,10 +163,12 @@ RS_EXPORT int dup(int fd)
     return share(fd, rs_real.dup(fd));
 }
 
+/* dup2/dup3 onto a tracked descriptor end its hold first, as close would (so its FIN goes
+ * out while the number is still the old socket). */
 RS_EXPORT int dup2(int oldfd, int newfd)
 {
     if (!rs_real.read) rs_real_init();
-    if (oldfd != newfd && rs_link_of(newfd) && fcntl(oldfd, F_GETFD) >= 0) forget(newfd);
+    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0) rs_untrack(newfd);
     int r = rs_real.dup2(oldfd, newfd);
     return oldfd == newfd ? r : share(oldfd, r);
 }
@@ -176,7 +176,7 @@ RS_EXPORT int dup2(int oldfd, int newfd)
 RS_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     if (!rs_real.read) rs_real_init();
-    if (oldfd != newfd && rs_link_of(newfd) && fcntl(oldfd, F_GETFD) >= 0) forget(newfd);
+    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0) rs_untrack(newfd);
     return share(oldfd, rs_real.dup3(oldfd, newfd, flags));
 }
 
@@ -188,11 +188,12 @@ RS_EXPORT int fcntl(int fd, int cmd, ...)
     long arg = va_arg(ap, long);              /* every command we pass takes an int or a pointer */
     va_end(ap);
     int r = rs_real.fcntl(fd, cmd, arg);
-    if (r < 0) return r;
-    struct rs_link *l = rs_link_of(fd);
-    if (!l) return r;
+    if (r < 0 || !rs_is_tracked(fd)) return r;
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) return share(fd, r);
-    if (cmd == F_SETFL) l->nonblock = (arg & O_NONBLOCK) != 0;
+    if (cmd == F_SETFL) {
+        struct rs_sock *s = rs_sock_of(fd);
+        if (s) { s->nonblock = (arg & O_NONBLOCK) != 0; rs_sock_put(s); }
+    }
     return r;
 }
 
@@ -205,49 +206,54 @@ RS_EXPORT int ioctl(int fd, unsigned long req, ...)
     va_start(ap, req);
     void *arg = va_arg(ap, void *);
     va_end(ap);
-    struct rs_link *l = rs_link_of(fd);
-    if (l && !rs_in_engine) {
-        if (req == FIONREAD && (l->state == RS_CLIENT_HS || l->state == RS_SERVER_HS))
-            rs_step(fd, l, 0);                  /* handshake bytes are not the application's */
-        if (req == FIONREAD && l->state == RS_RING) {
-            *(int *)arg = (int)rs_rx_available(l->conn);
-            return 0;
-        }
-        if (req == FIONBIO) {
-            int r = rs_real.ioctl(fd, req, arg);
-            if (r == 0) l->nonblock = *(int *)arg != 0;
-            return r;
-        }
+    struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
+    if (!s) return rs_real.ioctl(fd, req, arg);
+    int r;
+    if (req == FIONREAD && rs_sock_in_handshake(s)) rs_sock_step(s, 0);   /* handshake bytes are not data */
+    if (req == FIONREAD && rs_sock_state(s) == RS_RING) {
+        *(int *)arg = (int)rs_rx_available(s->conn);
+        r = 0;
+    } else {
+        r = rs_real.ioctl(fd, req, arg);
+        if (r == 0 && req == FIONBIO) s->nonblock = *(int *)arg != 0;
     }
-    return rs_real.ioctl(fd, req, arg);
+    rs_sock_put(s);
+    return r;
 }
 
 RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
     if (!rs_real.read) rs_real_init();
-    struct rs_link *l = rs_link_of(fd);
-    if (!l || rs_in_engine) return rs_real.getsockopt(fd, level, name, val, len);
-    if (l->state == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY && val && len && *len >= sizeof(int)) {
-        *(int *)val = l->app_nodelay;
+    struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
+    if (!s) return rs_real.getsockopt(fd, level, name, val, len);
+    int r;
+    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY && val && len && *len >= sizeof(int)) {
+        *(int *)val = s->app_nodelay;
         *len = sizeof(int);
-        return 0;
+        r = 0;
+    } else {
+        r = rs_real.getsockopt(fd, level, name, val, len);
+        /* A nonblocking connect is finished by reading SO_ERROR: the HELLO leaves now. */
+        if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && rs_sock_state(s) == RS_CLIENT_HS &&
+            s->hello_pending && val && *(int *)val == 0)
+            rs_sock_step(s, 0);
     }
-    int r = rs_real.getsockopt(fd, level, name, val, len);
-    /* A nonblocking connect is finished by reading SO_ERROR: the HELLO leaves now. */
-    if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && l->state == RS_CLIENT_HS && l->hello_pending &&
-        val && *(int *)val == 0)
-        rs_step(fd, l, 0);
+    rs_sock_put(s);
     return r;
 }
 
 RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     if (!rs_real.read) rs_real_init();
-    struct rs_link *l = rs_link_of(fd);
-    if (l && !rs_in_engine && l->state == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY &&
-        val && len >= sizeof(int)) {
-        l->app_nodelay = *(const int *)val != 0;   /* the doorbell socket keeps Nagle off */
-        return 0;
+    struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
+    if (!s) return rs_real.setsockopt(fd, level, name, val, len);
+    int r = 0;
+    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY && val && len >= sizeof(int)) {
+        s->app_nodelay = *(const int *)val != 0;   /* the doorbell socket keeps Nagle off */
+    } else {
+        r = rs_real.setsockopt(fd, level, name, val, len);
+        if (r == 0) rs_sock_setopt_seen(s, level, name, val, len);
     }
-    return rs_real.setsockopt(fd, level, name, val, len);
+    rs_sock_put(s);
+    return r;
 }

@@ -1,10 +1,12 @@
-/* rs_preload.h - the LD_PRELOAD front library: interposed libc calls, the fd table, and
- * the bridge to the Python engine (control plane, loaded on first INET stream use).
+/* rs_preload.h - the LD_PRELOAD front library: interposed libc calls, the descriptor
+ * table, and the bridge to the Python engine (control plane, loaded on first INET stream
+ * use).
  *
- * Layering: rs_real.c (the real libc functions), rs_links.c (fd -> connection state,
- * shared by dup and fork), rs_bridge.c (engine loading, re-entrancy guard, handshake
- * steps), rs_hooks_sock.c (socket set-up calls), rs_hooks_io.c (data calls),
- * rs_hooks_wait.c (poll/select/epoll).  The data path itself is shim/rs_*.c.
+ * Layering: rs_real.c (the real libc functions), rs_socks.c (descriptor -> socket object,
+ * shared by dup), rs_bridge.c (engine loading, re-entrancy guard, the host operations the
+ * socket object calls), rs_hooks_sock.c (socket set-up calls), rs_hooks_io.c (data calls),
+ * rs_hooks_wait.c (poll/select/epoll).  Each hook looks the socket up, takes a
+ * reference, calls shim/rs_sock.c, and lets go.
  */
 #ifndef RS_PRELOAD_H
 #define RS_PRELOAD_H
@@ -21,9 +23,9 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include "../rs_conn.h"
+#include "../rs_sock.h"
 
 #define RS_EXPORT __attribute__((visibility("default")))
-#define RS_MAXFD  65536
 
 /* ---- rs_real.c ---------------------------------------------------------------- */
 struct rs_real {
@@ -65,63 +67,19 @@ extern struct rs_real rs_real;
 void rs_real_init(void);
 
 /* ---- rs_stats.c ------------------------------------------------------------------ */
-/* One row of `rdmasock stat` (layout read by rdmasock/stat.py). */
-struct rs_stat_slot {
-    uint32_t used;
-    int32_t  fd;
-    uint8_t  transport;     /* 0 tcp, 1 shm, 2 rdma */
-    uint8_t  role;          /* 1 client, 2 server */
-    uint16_t reason;        /* fallback reason code (rdmasock/reasons.py), 0 = none */
-    uint8_t  local[28];     /* struct sockaddr_in or sockaddr_in6 */
-    uint8_t  peer[28];
-    uint64_t tx_bytes, rx_bytes;
-    uint8_t  pad[8];
-};
 struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason);
 void rs_stat_close(struct rs_stat_slot *s);
 void rs_stats_after_fork(void);
 
-/* ---- rs_links.c ----------------------------------------------------------------- */
-enum rs_state {
-    RS_PLAIN = 0,     /* nothing to do (kept only while dups share the entry) */
-    RS_LISTEN,        /* listener with a rendezvous registration */
-    RS_CLIENT_HS,     /* client: HELLO (to be) sent, answer not yet read */
-    RS_SERVER_HS,     /* server: accepted from an rdmasock client, HELLO not yet read */
-    RS_RING,          /* upgraded: data through conn */
-    RS_PRE_RX,        /* server declined: unwrap the client's preamble frames, then plain */
-    RS_BROKEN,        /* handshake failed: I/O reports err */
-};
-
-/* Connection state of one open file: every fd (dup, dup2, fcntl F_DUPFD) that refers to
- * it points here.  After fork both processes hold a copy; `forked` makes close leave
- * the in-band FIN to the last process (the kernel's TCP FIN then ends the stream). */
-struct rs_link {
-    int refs;
-    int state;
-    int handle;            /* engine handshake handle (CLIENT_HS, SERVER_HS, LISTEN: fd) */
-    int err;               /* BROKEN: positive errno */
-    rs_conn *conn;         /* RING, PRE_RX */
-    uint8_t nonblock;      /* O_NONBLOCK as the application set it */
-    uint8_t forked;
-    uint8_t app_nodelay;   /* TCP_NODELAY as the application set it (RING) */
-    uint8_t hello_pending; /* client: nonblocking connect not finished, HELLO not sent */
-    uint8_t ep_unknown;    /* registered with epoll before connect in a way we could not
-                            * take over: non-blocking reads keep arming (rs_bridge.c) */
-    pthread_mutex_t lock;  /* handshake steps */
-    struct rs_stat_slot *stat;
-};
-extern struct rs_link *rs_fdmap[RS_MAXFD];
-extern int rs_nlinks;
-
-static inline struct rs_link *rs_link_of(int fd)
-{
-    return (unsigned)fd < RS_MAXFD ? __atomic_load_n(&rs_fdmap[fd], __ATOMIC_ACQUIRE) : NULL;
-}
-struct rs_link *rs_link_new(int fd, int state);
-void rs_link_share(int newfd, struct rs_link *l);
-struct rs_link *rs_link_detach(int fd);         /* fd closed: returns link if it was the last ref */
-void rs_link_free(struct rs_link *l, int fd);   /* fd: the descriptor being closed, or -1 */
-void rs_links_mark_forked(void);
+/* ---- rs_socks.c ------------------------------------------------------------------ */
+extern int rs_ntracked;                     /* tracked descriptors: 0 lets waits pass */
+static inline int rs_tracking(void) { return __atomic_load_n(&rs_ntracked, __ATOMIC_RELAXED) != 0; }
+struct rs_sock *rs_sock_of(int fd);         /* with a call reference (rs_sock_put), or NULL */
+int  rs_is_tracked(int fd);
+struct rs_sock *rs_track(int fd, int state);    /* a new socket at fd, with a call reference */
+void rs_untrack(int fd);                    /* fd is closed (or replaced) */
+void rs_share(int oldfd, int newfd);        /* newfd refers to oldfd's socket now */
+void rs_socks_after_fork_child(void);
 
 /* ---- rs_pyworld.c ---------------------------------------------------------------- */
 #include <limits.h>
@@ -140,30 +98,29 @@ int rs_pyworld_find(struct rs_pyworld *w, char *why, size_t whylen);
 extern __thread int rs_in_engine;
 int  rs_engine_ready(void);        /* loads and starts the engine once; 0 if unusable */
 int  rs_engine_loaded(void);
-int  rs_br_listen(int fd);
-void rs_br_unlisten(int fd);
+int  rs_br_listen(int fd);         /* > 0: a handle for rs_sock (RS_LISTEN) */
 int  rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len);
 void rs_br_hello(int handle);
 int  rs_br_accept(int lfd, int fd);
 void rs_br_drop(int handle);
 void rs_br_plain(int fd, int reason);
-void rs_br_conn_free(rs_conn *c, int forked);
-#define RS_REASON_RDMA_FAILED 19   /* rdmasock/reasons.py */
-void rs_note_fallback(struct rs_link *l);
-/* Advances the handshake of fd's link.  Returns 1 when it is over (state updated),
- * 0 still pending, -1 with errno set. */
-int  rs_step(int fd, struct rs_link *l, int wait_ms);
 
-/* ---- rs_hooks_wait.c -------------------------------------------------------------- */
+/* ---- rs_ready.c ------------------------------------------------------------------ */
+struct rs_sock *rs_ring_sock(int fd);      /* upgraded, ring answers readiness: referenced */
+struct rs_sock *rs_handshake_sock(int fd); /* kernel bytes may not be data yet: referenced */
+int   rs_only_handshake(struct rs_sock *s);
+short rs_ring_revents(rs_conn *c, short events);
+int   rs_ring_arm(rs_conn *c, short events);
+uint64_t rs_spin_budget(void);
+void  rs_spin_missed(uint64_t waited_ns);
+void  rs_spin_result(int found);
+int   rs_ts_ms(const struct timespec *ts);
+
+/* ---- rs_hooks_epoll.c ------------------------------------------------------------- */
 void rs_ep_forget(int fd);
 int  rs_ep_is_set(int fd);
 void rs_ep_fd_fresh(int fd);
 int  rs_ep_adopt(int fd);
-
-/* ---- rs_hooks_io.c --------------------------------------------------------------- */
-/* For an fd whose link is in a handshake state: settles what can be settled and tells
- * the caller where the data goes.  Returns the link state to act on, or -1 (errno). */
-int rs_io_prepare(int fd, struct rs_link *l, int for_write);
-int rs_io_timeout(struct rs_link *l, int flags);
+void rs_ep_after_fork_child(void);
 
 #endif

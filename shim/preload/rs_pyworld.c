@@ -115,13 +115,13 @@ int rs_pyworld_find(struct rs_pyworld *w, char *why, size_t whylen)
     if (realpath(w->exe, real)) {
         parent(real);
         parent(real);
-        snprintf(w->libpython, sizeof w->libpython, "%s/lib/%s", real, soname);
+        snprintf(w->libpython, sizeof w->libpython, "%.4000s/lib/%s", real, soname);
         if (!is_file(w->libpython)) w->libpython[0] = '\0';
     }
     if (!w->libpython[0] && w->home[0]) {
         snprintf(dir, sizeof dir, "%s", w->home);
         parent(dir);
-        snprintf(w->libpython, sizeof w->libpython, "%s/lib/%s", dir, soname);
+        snprintf(w->libpython, sizeof w->libpython, "%.4000s/lib/%s", dir, soname);
         if (!is_file(w->libpython)) w->libpython[0] = '\0';
     }
     if (!w->libpython[0]) snprintf(w->libpython, sizeof w->libpython, "%s", soname);

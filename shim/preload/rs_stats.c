@@ -10,32 +10,43 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define RS_STAT_MAGIC  0x5453534Bu       /* "KSST" */
-#define RS_STAT_SLOTS  4096
+/* One slot per possible descriptor at most; the mapping reserves that much address space,
+ * the memfd grows a chunk at a time, so a process pays for the slots it has used. */
+#define RS_STAT_MAX_SLOTS  (1u << 20)
+#define RS_STAT_CHUNK      1024u
 
-struct rs_stat_hdr { uint32_t magic, version, nslots, slot_size; uint32_t pid, pad[11]; };
+
+/* The process's one ring memory budget (shim/rs_shm.c): exported so that the engine's
+ * module, loaded into this process, counts into it too. */
+__attribute__((visibility("default"))) struct rs_ring_budget rdmasock_ring_budget;
 
 static struct rs_stat_hdr *table;
 static struct rs_stat_slot *slots;
+static int table_fd = -1;
+static uint32_t free_hint;                  /* no free slot below it */
 static pthread_mutex_t stat_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int table_open(void)
 {
     if (table) return 1;
-    size_t len = sizeof(struct rs_stat_hdr) + RS_STAT_SLOTS * sizeof(struct rs_stat_slot);
+    size_t len = sizeof(struct rs_stat_hdr) + (size_t)RS_STAT_MAX_SLOTS * sizeof(struct rs_stat_slot);
     int fd = memfd_create("rdmasock-stats", MFD_CLOEXEC);
     if (fd < 0) return 0;
-    if (ftruncate(fd, (off_t)len) < 0) { rs_real.close(fd); return 0; }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ftruncate(fd, (off_t)(sizeof(struct rs_stat_hdr) + RS_STAT_CHUNK * sizeof(struct rs_stat_slot))) < 0) {
+        rs_real.close(fd);
+        return 0;
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (p == MAP_FAILED) { rs_real.close(fd); return 0; }
     /* The descriptor stays open: it is how `rdmasock stat` finds the table.  Moved high so
      * it does not take a number a program expects to get (e.g. 3 right after start). */
     int high = rs_real.fcntl(fd, F_DUPFD_CLOEXEC, 900);
     if (high >= 0) { rs_real.close(fd); fd = high; }
     table = p;
+    table_fd = fd;
     slots = (struct rs_stat_slot *)(table + 1);
-    table->version = 1;
-    table->nslots = RS_STAT_SLOTS;
+    table->version = 2;
+    table->nslots = RS_STAT_CHUNK;
     table->slot_size = sizeof(struct rs_stat_slot);
     table->pid = (uint32_t)getpid();
     __atomic_store_n(&table->magic, RS_STAT_MAGIC, __ATOMIC_RELEASE);
@@ -45,19 +56,37 @@ static int table_open(void)
 /* After fork the child writes into the same table (MAP_SHARED): it gets its own. */
 void rs_stats_after_fork(void)
 {
+    pthread_mutex_init(&stat_lock, NULL);
     if (!table) return;
     table = NULL;
     slots = NULL;
+    table_fd = -1;
+    free_hint = 0;
+}
+
+static struct rs_stat_slot *free_slot(void)
+{
+    uint32_t n = table->nslots;
+    for (uint32_t i = free_hint; i < n; i++)
+        if (!slots[i].used) { free_hint = i + 1; return &slots[i]; }
+    if (n >= RS_STAT_MAX_SLOTS) return NULL;
+    size_t bytes = sizeof(struct rs_stat_hdr) + (size_t)(n + RS_STAT_CHUNK) * sizeof(struct rs_stat_slot);
+    if (ftruncate(table_fd, (off_t)bytes) < 0) return NULL;
+    __atomic_store_n(&table->nslots, n + RS_STAT_CHUNK, __ATOMIC_RELEASE);
+    free_hint = n + 1;
+    return &slots[n];
+}
+
+static void note_ring_memory(void)
+{
+    table->ring_bytes = rs_ring_memory_in_use();
+    table->ring_max = rs_ring_memory_max();
 }
 
 struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
 {
     pthread_mutex_lock(&stat_lock);
-    struct rs_stat_slot *s = NULL;
-    if (table_open()) {
-        for (int i = 0; i < RS_STAT_SLOTS; i++)
-            if (!slots[i].used) { s = &slots[i]; break; }
-    }
+    struct rs_stat_slot *s = table_open() ? free_slot() : NULL;
     if (s) {
         memset(s, 0, sizeof *s);
         s->fd = fd;
@@ -69,6 +98,7 @@ struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
         l = sizeof s->peer;
         getpeername(fd, (struct sockaddr *)s->peer, &l);
         __atomic_store_n(&s->used, 1, __ATOMIC_RELEASE);
+        note_ring_memory();
     }
     pthread_mutex_unlock(&stat_lock);
     return s;
@@ -76,5 +106,13 @@ struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
 
 void rs_stat_close(struct rs_stat_slot *s)
 {
-    if (s) __atomic_store_n(&s->used, 0, __ATOMIC_RELEASE);
+    if (!s) return;
+    pthread_mutex_lock(&stat_lock);
+    if (table && s >= slots && s < slots + table->nslots) {
+        __atomic_store_n(&s->used, 0, __ATOMIC_RELEASE);
+        uint32_t i = (uint32_t)(s - slots);
+        if (i < free_hint) free_hint = i;
+        note_ring_memory();
+    }
+    pthread_mutex_unlock(&stat_lock);
 }

@@ -158,19 +158,20 @@ static void pair_open(struct pair *p, uint32_t ring, uint32_t spin_ns)
 {
     memset(p, 0, sizeof *p);
     p->ring = ring;
-    size_t len = 0, l1 = 0, l2 = 0;
+    size_t len = 0;
     int memfd = rs_shm_create(ring, salt_counter++ * 0x9E3779B97F4A7C15ull, &len);
     CHECK(memfd >= 0, "rs_shm_create: %s", strerror(-memfd));
-    int e1, e2;
-    void *b1 = rs_shm_map(memfd, &l1, &e1), *b2 = rs_shm_map(memfd, &l2, &e2);
-    CHECK(b1 && b2, "rs_shm_map: %s / %s", strerror(e1), strerror(e2));
-    CHECK(b1 != b2, "two mappings expected");
-    CHECK_EQ(l1, len);
-    CHECK_EQ(l2, len);
+    struct rs_seg s1, s2;
+    int e1 = rs_shm_map(memfd, &s1, 0), e2 = rs_shm_map(memfd, &s2, 0);
+    CHECK(!e1 && !e2, "rs_shm_map: %s / %s", strerror(-e1), strerror(-e2));
+    CHECK(s1.base != s2.base, "two mappings expected");
+    CHECK_EQ(s1.len, len);
+    CHECK_EQ(s2.len, len);
+    CHECK_EQ(s1.ring_size, ring);
     close(memfd);
     pair_sockets(p);
-    p->srv = rs_conn_attach_shm(b1, l1, p->fd[0], 1, spin_ns);
-    p->cli = rs_conn_attach_shm(b2, l2, p->fd[1], 0, spin_ns);
+    p->srv = rs_conn_attach_shm(&s1, p->fd[0], 1, spin_ns);
+    p->cli = rs_conn_attach_shm(&s2, p->fd[1], 0, spin_ns);
     CHECK(p->srv && p->cli, "rs_conn_attach_shm");
     CHECK_EQ(p->srv->ring_size, ring);
     CHECK_EQ(p->srv->max_payload, ring / 4 - 8);
@@ -195,8 +196,9 @@ static void pair_open_heap(struct pair *p, uint32_t ring, uint32_t spin_ns)
     h->salt = salt_counter++ * 0x9E3779B97F4A7C15ull;
     h->dir[0].want_bell = h->dir[1].want_bell = 1;
     pair_sockets(p);
-    p->srv = rs_conn_attach_shm(p->heap, len, p->fd[0], 1, spin_ns);
-    p->cli = rs_conn_attach_shm(p->heap, len, p->fd[1], 0, spin_ns);
+    struct rs_seg seg = { p->heap, len, ring, h->salt };
+    p->srv = rs_conn_attach_shm(&seg, p->fd[0], 1, spin_ns);
+    p->cli = rs_conn_attach_shm(&seg, p->fd[1], 0, spin_ns);
     CHECK(p->srv && p->cli, "rs_conn_attach_shm");
     p->srv->map_base = p->cli->map_base = NULL;       /* not a mapping: do not munmap */
 }
@@ -266,12 +268,12 @@ static int ring_is_zero(const uint8_t *ring, uint32_t n, uint32_t *first_nz)
 #define CHECK_RING_ZERO(c)                                                            \
     do {                                                                              \
         uint32_t nz_ = 0;                                                             \
-        if (!ring_is_zero((c)->rx_ring, (c)->ring_size, &nz_))                         \
+        if (!ring_is_zero((c)->rx.ring, (c)->ring_size, &nz_))                         \
             FAIL("receive ring not zero after everything was consumed: byte at offset %u is 0x%02x " \
-                 "(rx_pos %llu)", nz_, (c)->rx_ring[nz_], (unsigned long long)(c)->rx_pos); \
+                 "(rx_pos %llu)", nz_, (c)->rx.ring[nz_], (unsigned long long)(c)->rx.pos); \
     } while (0)
 
-static uint64_t head_of(rs_conn *consumer) { return __atomic_load_n(&consumer->rx_ctl->head, __ATOMIC_ACQUIRE); }
+static uint64_t head_of(rs_conn *consumer) { return __atomic_load_n(&consumer->rx.ctl->head, __ATOMIC_ACQUIRE); }
 
 /* Fills the ring `c` sends into with `msg`-byte writes (stream `stream`, next byte at
  * *pos) until a nonblocking send fails with EAGAIN; returns the number of writes that
@@ -295,8 +297,8 @@ static int fill_ring(rs_conn *c, size_t msg, uint32_t stream, uint64_t *pos)
 static void advance_to(rs_conn *c, uint64_t target, uint32_t stream, uint64_t *pos)
 {
     uint8_t buf[4096];
-    while (c->tx_pos < target) {
-        uint64_t rem = target - c->tx_pos;
+    while (c->tx.pos < target) {
+        uint64_t rem = target - c->tx.pos;
         CHECK(rem >= 16 && rem % 8 == 0, "cannot advance by %llu", (unsigned long long)rem);
         size_t n = (size_t)rem - 8;
         if (n > c->max_payload) {
@@ -308,7 +310,7 @@ static void advance_to(rs_conn *c, uint64_t target, uint32_t stream, uint64_t *p
         send_all_nb(c, buf, n);
         *pos += n;
     }
-    CHECK_EQ(c->tx_pos, target);
+    CHECK_EQ(c->tx.pos, target);
 }
 
 /* ---- 1. basic ---------------------------------------------------------------------- */
@@ -331,13 +333,13 @@ static void t_basic(void)
     /* every length 1..64, every byte value, several records read in one call */
     uint8_t out[64], in[64 * 65 / 2 + 16];
     size_t total = 0;
-    uint64_t rec0 = p.cli->stat_records_tx;
+    uint64_t rec0 = p.cli->tx.records;
     for (int n = 1; n <= 64; n++) {
         for (int i = 0; i < n; i++) out[i] = (uint8_t)(n * 37 + i * 251);
         send_all_nb(p.cli, out, (size_t)n);
         total += (size_t)n;
     }
-    CHECK_EQ(p.cli->stat_records_tx - rec0, 64);
+    CHECK_EQ(p.cli->tx.records - rec0, 64);
     ssize_t r = rs_recv(p.srv, in, sizeof in, 0, 1000);
     CHECK_EQ(r, total);
     size_t o = 0;
@@ -356,8 +358,8 @@ static void t_basic(void)
     recv_exact(p.cli, back, sizeof back, 1000);
     CHECK(memcmp(all, back, sizeof all) == 0, "256-byte message differs");
 
-    CHECK_EQ(p.cli->tx_bytes, total + 6 - 1);        /* "hello" + 1..64 */
-    CHECK_EQ(p.srv->rx_bytes, total + 5);
+    CHECK_EQ(p.cli->tx.bytes, total + 6 - 1);        /* "hello" + 1..64 */
+    CHECK_EQ(p.srv->rx.bytes, total + 5);
     CHECK_EQ(p.cli->err, 0);
     CHECK_EQ(p.srv->err, 0);
     pair_close(&p);
@@ -388,11 +390,11 @@ static void *producer_run(void *arg)
         size_t n = a->single ? a->total : (size_t)rnd_range(&r, a->min_write, a->max_write);
         if (n > a->total - pos) n = a->total - pos;
         fill_pat(buf, a->stream, pos, n);
-        uint64_t lap0 = c->tx_pos / c->ring_size;
+        uint64_t lap0 = c->tx.pos / c->ring_size;
         ssize_t s = rs_send(c, buf, n, 0, 20000);
         CHECK(s == (ssize_t)n, "blocking rs_send of %zu bytes at stream offset %llu returned %zd; errmsg \"%s\"",
               n, (unsigned long long)pos, s, rs_conn_errmsg(c));
-        a->laps += c->tx_pos / c->ring_size - lap0;
+        a->laps += c->tx.pos / c->ring_size - lap0;
         a->cks = fnv(a->cks, buf, n);
         pos += n;
         a->writes++;
@@ -425,8 +427,8 @@ static void stream_through(struct pair *p, struct producer *a, size_t max_read, 
     CHECK(pthread_join(th, NULL) == 0, "pthread_join");
     CHECK(cks == a->cks, "stream checksum %016llx != producer's %016llx", (unsigned long long)cks,
           (unsigned long long)a->cks);
-    CHECK_EQ(p->cli->rx_bytes, a->total);
-    CHECK_EQ(p->srv->tx_bytes, a->total);
+    CHECK_EQ(p->cli->rx.bytes, a->total);
+    CHECK_EQ(p->srv->tx.bytes, a->total);
     CHECK_RING_ZERO(p->cli);
     free(buf);
 }
@@ -438,9 +440,9 @@ static void t_wrap(void)
     struct producer a = { .stream = 2, .total = 6u << 20, .seed = 12345, .min_write = 1, .max_write = 5000 };
     stream_through(&p, &a, 6000, 777);
     /* stat_records_tx counts every record: data, WRAP and the FIN; stat_records_rx data only */
-    uint64_t wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1;
+    uint64_t wraps = p.srv->tx.records - p.cli->rx.records - 1;
     printf("  wrap: %llu bytes in %llu writes, %llu data records, %llu WRAP records, %llu laps\n",
-           (unsigned long long)a.total, (unsigned long long)a.writes, (unsigned long long)p.cli->stat_records_rx,
+           (unsigned long long)a.total, (unsigned long long)a.writes, (unsigned long long)p.cli->rx.records,
            (unsigned long long)wraps, (unsigned long long)a.laps);
     CHECK(wraps > 100, "expected many WRAP records, counted %llu", (unsigned long long)wraps);
     CHECK(a.laps >= a.total / 4096 - 1, "the ring was lapped only %llu times", (unsigned long long)a.laps);
@@ -450,7 +452,7 @@ static void t_wrap(void)
     pair_open(&p, 4096, 0);
     struct producer b = { .stream = 3, .total = 1u << 20, .seed = 99, .min_write = 1, .max_write = 600 };
     stream_through(&p, &b, 700, 778);
-    wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1;
+    wraps = p.srv->tx.records - p.cli->rx.records - 1;
     CHECK(wraps > b.laps / 2, "%llu WRAP records in %llu laps", (unsigned long long)wraps, (unsigned long long)b.laps);
     pair_close(&p);
 }
@@ -541,12 +543,12 @@ static void t_wrap_duplex(void)
     duplex_run(&dc);
     CHECK(pthread_join(th, NULL) == 0, "pthread_join");
     CHECK(ds.cks_out == dc.cks_in && dc.cks_out == ds.cks_in, "duplex checksums differ");
-    uint64_t wraps = p.srv->stat_records_tx - p.cli->stat_records_rx - 1 + p.cli->stat_records_tx - p.srv->stat_records_rx - 1;
+    uint64_t wraps = p.srv->tx.records - p.cli->rx.records - 1 + p.cli->tx.records - p.srv->rx.records - 1;
     printf("  duplex: 2 x %llu bytes, %llu WRAP records, waits %llu/%llu, bells %llu/%llu, sleeps %llu/%llu\n",
            (unsigned long long)ds.total, (unsigned long long)wraps, (unsigned long long)ds.waits,
-           (unsigned long long)dc.waits, (unsigned long long)p.srv->stat_bells_sent,
-           (unsigned long long)p.cli->stat_bells_sent, (unsigned long long)p.srv->stat_sleeps,
-           (unsigned long long)p.cli->stat_sleeps);
+           (unsigned long long)dc.waits, (unsigned long long)p.srv->bells_sent,
+           (unsigned long long)p.cli->bells_sent, (unsigned long long)p.srv->rx.sleeps,
+           (unsigned long long)p.cli->rx.sleeps);
     CHECK(wraps > 0, "no WRAP records");
     CHECK_RING_ZERO(p.srv);
     CHECK_RING_ZERO(p.cli);
@@ -564,13 +566,13 @@ static void t_split(void)
     pair_open(&p, 4096, 0);
     uint8_t out[3000], in[3000];
     fill_pat(out, 20, 0, sizeof out);
-    uint64_t rec0 = p.cli->stat_records_tx;
+    uint64_t rec0 = p.cli->tx.records;
     send_all_nb(p.cli, out, sizeof out);
-    CHECK_EQ(p.cli->stat_records_tx - rec0, 3);
+    CHECK_EQ(p.cli->tx.records - rec0, 3);
     ssize_t r = rs_recv(p.srv, in, sizeof in, 0, 1000);       /* one call spans all records */
     CHECK_EQ(r, sizeof in);
     VERIFY_PAT(in, 20, 0, sizeof in);
-    CHECK_EQ(p.srv->stat_records_rx, 3);
+    CHECK_EQ(p.srv->rx.records, 3);
     pair_close(&p);
 
     /* one large write per ring size, read with random buffer sizes by the other thread */
@@ -580,8 +582,8 @@ static void t_split(void)
         struct producer a = { .stream = 21 + i, .total = 64u * rings[i] + 12345, .seed = 1, .single = 1 };
         stream_through(&p, &a, 3 * p.srv->max_payload, 4242 + i);
         uint64_t min_records = (a.total + p.srv->max_payload - 1) / p.srv->max_payload;
-        CHECK(p.cli->stat_records_rx >= min_records, "%llu bytes arrived in only %llu records (max payload %u)",
-              (unsigned long long)a.total, (unsigned long long)p.cli->stat_records_rx, p.srv->max_payload);
+        CHECK(p.cli->rx.records >= min_records, "%llu bytes arrived in only %llu records (max payload %u)",
+              (unsigned long long)a.total, (unsigned long long)p.cli->rx.records, p.srv->max_payload);
         CHECK_EQ(a.writes, 1);
         pair_close(&p);
     }
@@ -607,10 +609,10 @@ static void t_footer(void)
         }
         send_all_nb(p.cli, a, sizeof a);
         send_all_nb(p.cli, b, sizeof b);
-        uint64_t pos_c = p.cli->tx_pos;
+        uint64_t pos_c = p.cli->tx.pos;
         send_all_nb(p.cli, c, sizeof c);
         /* flip one bit of record c's footer, through the producer's own mapping */
-        uint32_t *foot = (uint32_t *)(p.cli->tx_ring + (pos_c & p.cli->mask) + rs_rec_size(sizeof c) - 4);
+        uint32_t *foot = (uint32_t *)(p.cli->tx.ring + (pos_c & p.cli->mask) + rs_rec_size(sizeof c) - 4);
         uint32_t good = *foot;
         CHECK(good != 0, "footer not written");
         *foot = good ^ (good & 0x100 ? 0x1 : 0x100);     /* stays non-zero */
@@ -629,14 +631,14 @@ static void t_footer(void)
         expect_recv_rc(p.srv, -EPROTO, 0, 2000);
         CHECK(now_ms() - t0 < 500, "error not reported at once");
         expect_recv_rc(p.srv, -EPROTO, RS_MSG_PEEK, 0);
-        CHECK_EQ(p.srv->rx_bytes, 300 + (variant ? 2504 : 0));
+        CHECK_EQ(p.srv->rx.bytes, 300 + (variant ? 2504 : 0));
         pair_close(&p);
     }
 
     /* the very first record corrupt: nothing delivered */
     pair_open(&p, 4096, 0);
     send_all_nb(p.cli, a, sizeof a);
-    uint32_t *foot = (uint32_t *)(p.srv->rx_ring + rs_rec_size(sizeof a) - 4);
+    uint32_t *foot = (uint32_t *)(p.srv->rx.ring + rs_rec_size(sizeof a) - 4);
     *foot ^= 0x80000000u;
     expect_recv_rc(p.srv, -EPROTO, 0, 1000);
     CHECK_MSG(p.srv, "footer");
@@ -648,7 +650,7 @@ static void t_footer(void)
     pair_open(&q, 4096, 0);
     send_all_nb(p.cli, a, sizeof a);
     send_all_nb(q.cli, a, sizeof a);
-    memcpy(p.srv->rx_ring, q.srv->rx_ring, rs_rec_size(sizeof a));
+    memcpy(p.srv->rx.ring, q.srv->rx.ring, rs_rec_size(sizeof a));
     expect_recv_rc(p.srv, -EPROTO, 0, 1000);
     CHECK_MSG(p.srv, "footer");
     pair_close(&q);
@@ -680,11 +682,11 @@ static void bogus_case(int heap, enum bogus_kind kind, uint32_t lw, int blocking
     VERIFY_PAT(buf, 40, 0, (size_t)pos);
     /* one intact record that must be delivered before the error */
     send_str(prod, INTACT);
-    uint64_t bad_pos = prod->tx_pos;
+    uint64_t bad_pos = prod->tx.pos;
     uint32_t off = (uint32_t)(bad_pos & (ring - 1));
     if (kind == BOGUS_CROSSES_END) CHECK_EQ(off, ring - 24);
     /* the bad lenword, then non-zero junk after it: a "footer" candidate for every reading */
-    uint8_t *rp = cons->rx_ring;
+    uint8_t *rp = cons->rx.ring;
     for (uint32_t i = off + 4; i < ring && i < off + 4 + 256; i++) rp[i] = (uint8_t)(0xA5 ^ i);
     rp[ring - 1] = 0x5A;                               /* the last word of the ring too */
     __atomic_store_n((uint32_t *)(rp + off), lw, __ATOMIC_RELEASE);
@@ -733,7 +735,7 @@ static void t_bogus_length(void)
         bogus_case(heap, BOGUS_CROSSES_END, 17, 0);        /* rec 32 > the 24 bytes left */
         bogus_case(heap, BOGUS_CTL, 0xFFFFFF10u, 0);
         bogus_case(heap, BOGUS_CTL, RS_LEN_CTL_MIN, 1);
-        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFDu, 0);
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFCu, 0);          /* 0xFFFFFFFD is RESET */
     }
 }
 
@@ -765,7 +767,7 @@ static void zero_rounds(rs_conn *prod, rs_conn *cons, uint32_t stream, uint64_t 
         }
         CHECK_EQ(rcvd, sent);
         CHECK_RING_ZERO(cons);
-        CHECK_EQ(head_of(cons), cons->rx_pos);           /* idle: all credit returned */
+        CHECK_EQ(head_of(cons), cons->rx.pos);           /* idle: all credit returned */
     }
 }
 
@@ -775,7 +777,7 @@ static void t_zeroing(void)
     pair_open(&p, 4096, 0);
     zero_rounds(p.cli, p.srv, 50, 1, 400);
     zero_rounds(p.srv, p.cli, 51, 2, 400);
-    CHECK(p.srv->rx_pos > 20 * 4096 && p.cli->rx_pos > 20 * 4096, "rings lapped too few times");
+    CHECK(p.srv->rx.pos > 20 * 4096 && p.cli->rx.pos > 20 * 4096, "rings lapped too few times");
     CHECK_EQ(rs_send_fin(p.cli), 0);
     expect_recv_rc(p.srv, 0, 0, 1000);
     CHECK_RING_ZERO(p.srv);
@@ -810,25 +812,25 @@ static void t_credits(void)
     int k = fill_ring(prod, 16, 60, &pos);
     CHECK_EQ(k, (4096 - 8) / rec);                 /* 8 bytes stay reserved for the FIN */
     CHECK_EQ(head_of(cons), 0);
-    CHECK_EQ(prod->tx_ctl->head, 0);                /* the producer's mapping of the same word */
+    CHECK_EQ(prod->tx.ctl->head, 0);                /* the producer's mapping of the same word */
 
     /* a tiny read returns no credit */
     recv_exact(cons, buf, 16, 1000);
     VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
-    CHECK_EQ(cons->rx_pos, rec);
+    CHECK_EQ(cons->rx.pos, rec);
     CHECK_EQ(head_of(cons), 0);
     CHECK_EQ(rs_send(prod, buf, 16, 1, 0), -EAGAIN);
     CHECK_EQ(rs_tx_writable(prod), 0);
 
     /* one record at a time: the credit appears exactly once a quarter ring was consumed */
-    while (cons->rx_pos < quarter) {
+    while (cons->rx.pos < quarter) {
         CHECK_EQ(head_of(cons), 0);
         recv_exact(cons, buf, 16, 1000);
         VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
     }
     uint64_t h1 = head_of(cons);
-    CHECK_EQ(h1, cons->rx_pos);
-    CHECK_EQ(prod->tx_ctl->head, h1);
+    CHECK_EQ(h1, cons->rx.pos);
+    CHECK_EQ(prod->tx.ctl->head, h1);
     /* ... and the producer can use it */
     uint64_t before = pos;
     int k2 = fill_ring(prod, 16, 60, &pos);
@@ -836,12 +838,12 @@ static void t_credits(void)
     CHECK(pos > before, "nothing sent after credit");
 
     /* lazily again: constant until the next quarter */
-    while (cons->rx_pos < h1 + quarter) {
+    while (cons->rx.pos < h1 + quarter) {
         CHECK_EQ(head_of(cons), h1);
         recv_exact(cons, buf, 16, 1000);
         VERIFY_PAT(buf, 60, rpos, 16); rpos += 16;
     }
-    CHECK_EQ(head_of(cons), cons->rx_pos);
+    CHECK_EQ(head_of(cons), cons->rx.pos);
 
     /* consume everything exactly (no credit yet), then going idle publishes it */
     uint64_t left = pos - rpos;
@@ -856,7 +858,7 @@ static void t_credits(void)
         VERIFY_PAT(buf, 60, rpos, (size_t)r); rpos += (uint64_t)r; left -= (uint64_t)r;
     }
     expect_recv_rc(cons, -EAGAIN, RS_MSG_DONTWAIT, 0);
-    CHECK_EQ(head_of(cons), cons->rx_pos);
+    CHECK_EQ(head_of(cons), cons->rx.pos);
     CHECK_EQ(rs_tx_writable(prod), 1);
     pair_close(&p);
 
@@ -864,7 +866,7 @@ static void t_credits(void)
     pair_open(&p, 4096, 0);
     for (int i = 0; i < 3; i++) send_all_nb(p.cli, buf, 16);
     recv_exact(p.srv, buf, 48, 1000);
-    CHECK_EQ(p.srv->rx_pos, 3 * rec);
+    CHECK_EQ(p.srv->rx.pos, 3 * rec);
     CHECK_EQ(head_of(p.srv), 0);
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
     CHECK_EQ(head_of(p.srv), 3 * rec);
@@ -881,11 +883,11 @@ static void t_credits(void)
     double t0 = now_ms();
     while (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE)) {
         CHECK(now_ms() - t0 < 8000, "blocked producer never finished");
-        if (!__atomic_load_n(&cons->rx_ctl->tx_waiting, __ATOMIC_ACQUIRE)) { sleep_ms(1); continue; }
+        if (!__atomic_load_n(&cons->rx.ctl->tx_waiting, __ATOMIC_ACQUIRE)) { sleep_ms(1); continue; }
         recv_exact(cons, buf, 16, 1000);
         reads++;
-        CHECK(head_of(cons) == cons->rx_pos, "credit not published at once to a waiting producer: head %llu, rx_pos %llu",
-              (unsigned long long)head_of(cons), (unsigned long long)cons->rx_pos);
+        CHECK(head_of(cons) == cons->rx.pos, "credit not published at once to a waiting producer: head %llu, rx_pos %llu",
+              (unsigned long long)head_of(cons), (unsigned long long)cons->rx.pos);
     }
     CHECK(pthread_join(th, NULL) == 0, "pthread_join");
     CHECK(b.r == 16, "blocked rs_send returned %zd", b.r);
@@ -1006,14 +1008,14 @@ static void fin_on_full_ring(uint32_t start, int exact)
         CHECK_EQ(start, 0);
         for (int i = 0; i < 254; i++) { fill_pat(buf, 90, sent, 1); send_all_nb(prod, buf, 1); sent++; }
         fill_pat(buf, 90, sent, 16); send_all_nb(prod, buf, 16); sent += 16;
-        CHECK_EQ(prod->tx_pos - head_of(cons), 4096 - 8);
+        CHECK_EQ(prod->tx.pos - head_of(cons), 4096 - 8);
     } else {
         fill_ring(prod, 1, 90, &sent);
     }
     CHECK_EQ(rs_send(prod, buf, 1, 1, 0), -EAGAIN);
     CHECK_EQ(rs_send_fin(prod), 0);
-    CHECK(prod->tx_pos - head_of(cons) <= 4096, "FIN overran the consumer: %llu bytes in flight",
-          (unsigned long long)(prod->tx_pos - head_of(cons)));
+    CHECK(prod->tx.pos - head_of(cons) <= 4096, "FIN overran the consumer: %llu bytes in flight",
+          (unsigned long long)(prod->tx.pos - head_of(cons)));
     struct rng rg = { start * 31 + 7 };
     while (1) {
         ssize_t r = rs_recv(cons, buf, (size_t)rnd_range(&rg, 1, sizeof buf), 0, 1000);
@@ -1141,7 +1143,7 @@ static void t_doorbell_garbage_traffic(void)
     expect_recv_rc(p.cli, -EAGAIN, RS_MSG_DONTWAIT, 0);     /* idle: wants a doorbell */
     send_raw_byte(p.fd[0], 0x41);
     send_str(p.srv, "data");                                /* rings a real doorbell */
-    CHECK(p.srv->tx_ctl->data_bells >= 1, "no doorbell sent");
+    CHECK(p.srv->tx.ctl->data_bells >= 1, "no doorbell sent");
     expect_str(p.cli, "data");
     ssize_t r = -EAGAIN;
     for (int i = 0; i < 200 && r == -EAGAIN; i++) {
@@ -1225,16 +1227,16 @@ static void t_peek_waitall(void)
     send_str(p.cli, " ");
     send_str(p.cli, "world");
     uint8_t snap[4096];
-    memcpy(snap, p.srv->rx_ring, sizeof snap);
+    memcpy(snap, p.srv->rx.ring, sizeof snap);
     uint64_t head0 = head_of(p.srv);
 
     ssize_t r = rs_recv(p.srv, buf, 8, RS_MSG_PEEK, 1000);     /* across records */
     CHECK(r == 8 && memcmp(buf, "hello wo", 8) == 0, "peek 8 returned %zd", r);
     r = rs_recv(p.srv, buf, sizeof buf, RS_MSG_PEEK, 1000);
     CHECK(r == 11 && memcmp(buf, "hello world", 11) == 0, "peek all returned %zd", r);
-    CHECK(memcmp(snap, p.srv->rx_ring, sizeof snap) == 0, "peek changed the ring");
+    CHECK(memcmp(snap, p.srv->rx.ring, sizeof snap) == 0, "peek changed the ring");
     CHECK_EQ(head_of(p.srv), head0);
-    CHECK_EQ(p.srv->rx_bytes, 0);
+    CHECK_EQ(p.srv->rx.bytes, 0);
     expect_str(p.srv, "hel");
     r = rs_recv(p.srv, buf, sizeof buf, RS_MSG_PEEK, 1000);     /* mid-record */
     CHECK(r == 8 && memcmp(buf, "lo world", 8) == 0, "peek after partial read returned %zd", r);
@@ -1249,12 +1251,12 @@ static void t_peek_waitall(void)
     send_all_nb(p.cli, out, 3000);
     recv_exact(p.srv, buf, 3000, 1000);
     /* now at 3072: a record of 600 leaves 416 bytes, the next one of 500 wraps */
-    uint64_t tx0 = p.cli->tx_pos, recs0 = p.cli->stat_records_tx;
+    uint64_t tx0 = p.cli->tx.pos, recs0 = p.cli->tx.records;
     CHECK_EQ(tx0, 3072);
     fill_pat(out, 81, 0, 1100);
     send_all_nb(p.cli, out, 600);
     send_all_nb(p.cli, out + 600, 500);
-    CHECK_EQ(p.cli->stat_records_tx - recs0, 3);                 /* data, WRAP, data */
+    CHECK_EQ(p.cli->tx.records - recs0, 3);                 /* data, WRAP, data */
     r = rs_recv(p.srv, buf, 1100, RS_MSG_PEEK, 1000);
     CHECK_EQ(r, 1100);
     VERIFY_PAT(buf, 81, 0, 1100);
@@ -1329,7 +1331,7 @@ static void *late_send_run(void *arg)
     struct late_send *l = arg;
     while (!__atomic_load_n(&l->consumer_in_recv, __ATOMIC_ACQUIRE)) sleep_ms(1);
     double t0 = now_ms();
-    while (!__atomic_load_n(&l->c->tx_ctl->spinning, __ATOMIC_ACQUIRE) && now_ms() - t0 < 200) {}
+    while (!__atomic_load_n(&l->c->tx.ctl->spinning, __ATOMIC_ACQUIRE) && now_ms() - t0 < 200) {}
     send_all_nb(l->c, l->s, strlen(l->s));
     return NULL;
 }
@@ -1364,7 +1366,7 @@ static void t_peek_doorbell(void)
         int pr = poll(&pf, 1, 200);
         CHECK(pr == 1, "after rs_recv(flags 0x%x) returned with data left in the ring, the socket is not "
               "readable (poll -> %d, producer doorbells sent: %llu): select/epoll would never wake up",
-              flag_sets[i], pr, (unsigned long long)p.srv->tx_ctl->data_bells);
+              flag_sets[i], pr, (unsigned long long)p.srv->tx.ctl->data_bells);
         expect_str(p.cli, i ? "xy" : "y");
         pair_close(&p);
     }
@@ -1501,7 +1503,7 @@ static void expect_peek_prefix(rs_conn *c, const char *rest)
 static void pre_pair_open(struct pair *p, uint32_t ring)
 {
     pair_open(p, ring, 0);
-    p->srv->rx_pre = 1;
+    p->srv->rx.pre = 1;
 }
 
 /* A server that declined: no rings, only the client's preamble to unwrap. */
@@ -1511,8 +1513,8 @@ static void pre_tcp_open(struct pair *p)
     pair_sockets(p);
     p->srv = rs_conn_new_tcp(p->fd[0]);
     CHECK(p->srv, "rs_conn_new_tcp");
-    CHECK_EQ(p->srv->rx_pre, 1);
-    CHECK(p->srv->rx_ring == NULL && p->srv->tx_ring == NULL, "rs_conn_new_tcp made rings");
+    CHECK_EQ(p->srv->rx.pre, 1);
+    CHECK(p->srv->rx.ring == NULL && p->srv->tx.ring == NULL, "rs_conn_new_tcp made rings");
 }
 
 static int readable(int fd, int timeout_ms)
@@ -1536,9 +1538,9 @@ static void t_pre_wire(void)
     CHECK(n == (ssize_t)sizeof want && memcmp(raw, want, sizeof want) == 0,
           "wire bytes differ (%zd bytes, expected %zu)", n, sizeof want);
     expect_recv_str(p.srv, 64, 0, 1000, "hello");
-    CHECK_EQ(p.srv->rx_pre, 1);                                     /* SWITCH not read yet */
+    CHECK_EQ(p.srv->rx.pre, 1);                                     /* SWITCH not read yet */
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);            /* reads SWITCH, ring empty */
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     CHECK_EQ(readable(p.fd[0], 0), 0);
     /* the length is big endian: 0x1234 and the maximum, 65536 = 0x00010000 */
     static uint8_t big[RS_PRE_MAX + 100];
@@ -1574,18 +1576,18 @@ static void t_pre_order(void)
     raw_data_frame(p.fd[1], "defgh");
     pre_switch(p.fd[1]);
     send_str(p.cli, "ring!");                                       /* first record: one doorbell */
-    CHECK_EQ(p.cli->tx_ctl->data_bells, 1);
+    CHECK_EQ(p.cli->tx.ctl->data_bells, 1);
     CHECK_EQ(rs_rx_ready(p.srv), 0);                                /* preamble: the socket tells */
     CHECK_EQ(rs_rx_available(p.srv), 13);                           /* frames on the socket + ring */
     expect_recv_str(p.srv, 64, 0, 1000, "abc");
-    CHECK_EQ(p.srv->rx_pre, 1);
+    CHECK_EQ(p.srv->rx.pre, 1);
     expect_recv_str(p.srv, 2, 0, 1000, "de");
     CHECK_EQ(rs_rx_available(p.srv), 8);                            /* rest of the frame + ring */
     expect_recv_str(p.srv, 64, 0, 1000, "fgh");
     expect_recv_str(p.srv, 64, 0, 1000, "ring!");
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     /* the byte after SWITCH was a doorbell, counted and drained as one */
-    CHECK_EQ(p.srv->bells_drained, 1);
+    CHECK_EQ(p.srv->rx.bells_drained, 1);
     CHECK(readable(p.fd[0], 0) == 0, "doorbell left on the socket after the ring was emptied");
     /* from now on an ordinary ring connection, both ways */
     send_str(p.cli, "more");
@@ -1602,7 +1604,7 @@ static void t_pre_order(void)
     pre_switch(p.fd[1]);
     send_str(p.cli, "direct");
     expect_recv_str(p.srv, 64, 0, 1000, "direct");
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     pair_close(&p);
 }
 
@@ -1623,9 +1625,9 @@ static void t_pre_peek(void)
     expect_peek_prefix(p.srv, "worldring");                          /* the next header is read, */
     expect_peek_prefix(p.srv, "worldring");
     expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "world");        /* ... its payload is not */
-    CHECK_EQ(p.srv->rx_pre, 1);
+    CHECK_EQ(p.srv->rx.pre, 1);
     expect_peek_prefix(p.srv, "ring");                               /* through SWITCH into the ring */
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     expect_peek_prefix(p.srv, "ring");
     expect_recv_str(p.srv, 64, 0, 1000, "ring");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
@@ -1639,7 +1641,7 @@ static void t_pre_peek(void)
     expect_peek_prefix(p.srv, "preplain");
     expect_recv_str(p.srv, 3, RS_MSG_WAITALL, 1000, "pre");
     expect_peek_prefix(p.srv, "plain");
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "plain");
     pair_close(&p);
 }
@@ -1674,7 +1676,7 @@ static void t_pre_waitall(void)
     CHECK(r == 12 && memcmp(buf, "abcdefghijkl", 12) == 0, "MSG_WAITALL across frames and into the ring returned "
           "%zd \"%.*s\"; errmsg \"%s\"", r, r > 0 ? (int)r : 0, buf, rs_conn_errmsg(p.srv));
     CHECK(now_ms() - t0 >= 80, "returned before the data was sent");
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     pair_close(&p);
 
     /* all there at once, on a connection with and one without rings */
@@ -1713,7 +1715,7 @@ static void t_pre_tcp(void)
     CHECK_EQ(rs_rx_ready(p.srv), 0);
     expect_recv_str(p.srv, 64, 0, 1000, "pre");
     expect_recv_str(p.srv, 8, RS_MSG_WAITALL, 1000, "amblepla");
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     expect_recv_str(p.srv, 64, 0, 1000, "in");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
     expect_recv_rc(p.srv, -EAGAIN, 0, 20);
@@ -1792,7 +1794,7 @@ static void t_pre_garbage(void)
     VERIFY_PAT(back, 92, 0, sizeof back);
     expect_recv_str(p.srv, 64, 0, 1000, "!");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
-    CHECK_EQ(p.srv->rx_pre, 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
     pair_close(&p);
 }
 
@@ -2100,7 +2102,7 @@ static void t_pre_send_large(void)
         VERIFY_PAT(all, 94, 0, PRE_LARGE);
         if (rings) VERIFY_PAT(all + PRE_LARGE, 95, 0, ring_n);
         else CHECK(memcmp(all + PRE_LARGE, "tail", 4) == 0, "plain bytes after SWITCH");
-        CHECK_EQ(p.srv->rx_pre, 0);
+        CHECK_EQ(p.srv->rx.pre, 0);
         expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
         free(all);
         pair_close(&p);
@@ -2203,7 +2205,7 @@ static void t_pre_bell_behind_full_preamble(void)
     int pr = readable(p.fd[0], 200);
     CHECK(pr == 1, "a record is unconsumed and nobody is in recv, but the socket is not readable (poll -> %d; client "
           "data_bells %llu, want_bell %u): the doorbell that hit a full socket was dropped and never resent", pr,
-          (unsigned long long)p.cli->tx_ctl->data_bells, p.cli->tx_ctl->want_bell);
+          (unsigned long long)p.cli->tx.ctl->data_bells, p.cli->tx.ctl->want_bell);
     expect_str(p.srv, "y");
     pair_close(&p);
 }
@@ -2265,7 +2267,44 @@ static void t_pre_send_signal(void)
 
 /* ---- main -------------------------------------------------------------------------- */
 
+/* The ring memory budget: mapping takes from it, freeing gives back, and a mapping that
+ * would go over it fails with ENOBUFS and takes nothing. */
+static void t_ring_memory_budget(void)
+{
+    uint64_t before = rs_ring_memory_in_use(), max = rs_ring_memory_max();
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    CHECK_EQ(rs_ring_memory_in_use() - before, 2 * (uint64_t)(RS_SEG_HDR_SIZE + 2 * 4096));
+    pair_close(&p);
+    CHECK_EQ(rs_ring_memory_in_use(), before);
+
+    size_t len = 0;
+    int memfd = rs_shm_create(4096, 7, &len);
+    CHECK(memfd >= 0, "rs_shm_create: %s", strerror(-memfd));
+    uint64_t rest = max - before;
+    CHECK(rs_ring_memory_reserve(rest) == 0, "reserving the rest of the budget");
+    CHECK(rs_ring_memory_reserve(1) == -ENOBUFS, "one byte over the budget");
+    struct rs_seg seg;
+    CHECK_EQ(rs_shm_map(memfd, &seg, 0), -ENOBUFS);
+    CHECK_EQ(rs_ring_memory_in_use(), max);
+    rs_ring_memory_release(rest);
+    /* bytes reserved ahead (the client's way) are used up by the mapping, not counted twice */
+    CHECK(rs_ring_memory_reserve(len) == 0, "reserve ahead");
+    CHECK_EQ(rs_shm_map(memfd, &seg, len), 0);
+    CHECK_EQ(rs_ring_memory_in_use(), before + len);
+    close(memfd);
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "socketpair");
+    rs_conn *c = rs_conn_attach_shm(&seg, sv[0], 1, 0);
+    CHECK(c, "rs_conn_attach_shm");
+    rs_conn_free(c);
+    CHECK_EQ(rs_ring_memory_in_use(), before);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 static const struct { const char *name; void (*fn)(void); } tests[] = {
+    { "ring_memory_budget", t_ring_memory_budget },
     { "basic", t_basic },
     { "wrap", t_wrap },
     { "wrap_duplex", t_wrap_duplex },

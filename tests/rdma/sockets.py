@@ -487,7 +487,7 @@ def case_bad_resync():
             good = a.transport == b.transport == "rdma"
             a.sendall(head)
             good &= recv_exact(b, len(head)) == head
-            salt, delivered = b._conn.salt, b._conn.rx_bytes
+            salt, delivered = b._conn.salt, b._conn.rx.bytes
             data = raw(salt, delivered)
             os.write(a.fileno(), data)
             if then_shut:

@@ -1,0 +1,428 @@
+/* rs_hooks_epoll.c - epoll on upgraded sockets.
+ *
+ * The kernel registration stays the application's (doorbells make it truthful for
+ * EPOLLIN); per epoll instance we remember which members are tracked sockets, so that
+ * epoll_wait can answer from their rings and spin before sleeping.  A set is reference
+ * counted (an epoll_wait in progress keeps it, even if another thread closes the epoll
+ * descriptor) and has its own lock, taken for every look at its members, so epoll_ctl
+ * in one thread never changes the list under an epoll_wait in another.
+ *
+ * et_mark: for EPOLLET, the producer's byte count when we last reported the ring readable
+ * (an edge is new data since then).  disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD. */
+#include "rs_preload.h"
+#include "../rs_fdmap.h"
+#include <stdlib.h>
+#include <time.h>
+
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark; int disarmed; };
+struct ep_set {
+    int refs;                  /* the map's + waits in progress; 0: free */
+    pthread_mutex_t lock;
+    int n, cap;
+    struct ep_member *m;
+    struct ep_set *free_next;
+};
+
+static struct rs_fdmap sets = RS_FDMAP_INIT;       /* epoll descriptor -> struct ep_set */
+static pthread_mutex_t sets_lock = PTHREAD_MUTEX_INITIALIZER;   /* creating and freeing sets */
+static struct ep_set *free_sets;
+
+static void set_put(struct ep_set *s)
+{
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL)) return;
+    pthread_mutex_lock(&sets_lock);
+    s->n = 0;
+    s->free_next = free_sets;
+    free_sets = s;
+    pthread_mutex_unlock(&sets_lock);
+}
+
+/* The set of epfd with a reference, or NULL.  Sets are never given back to malloc, so a
+ * pointer read from the map stays safe to look at (see rs_sock_of). */
+static struct ep_set *set_get(int epfd)
+{
+    for (int tries = 0; tries < 100; tries++) {
+        struct ep_set *s = rs_fdmap_get(&sets, epfd);
+        if (!s) return NULL;
+        int r = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE);
+        if (!r || !__atomic_compare_exchange_n(&s->refs, &r, r + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+        if (rs_fdmap_get(&sets, epfd) == s) return s;
+        set_put(s);
+    }
+    return NULL;
+}
+
+static struct ep_set *set_create(int epfd)
+{
+    pthread_mutex_lock(&sets_lock);
+    struct ep_set *s = rs_fdmap_get(&sets, epfd);
+    if (!s) {
+        s = free_sets;
+        if (s) free_sets = s->free_next;
+        else if ((s = calloc(1, sizeof *s))) pthread_mutex_init(&s->lock, NULL);
+        if (s) {
+            s->n = 0;
+            __atomic_store_n(&s->refs, 1, __ATOMIC_RELEASE);          /* the map's */
+            if (rs_fdmap_swap(&sets, epfd, s) == RS_FDMAP_FAIL) {
+                s->refs = 0;
+                s->free_next = free_sets;
+                free_sets = s;
+                s = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&sets_lock);
+    return s ? set_get(epfd) : NULL;
+}
+
+static void drop_member(struct ep_set *s, int fd)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->m[i].fd == fd) { s->m[i] = s->m[--s->n]; return; }
+}
+
+int rs_ep_is_set(int fd) { return rs_fdmap_get(&sets, fd) != NULL; }
+
+struct forget_arg { int fd; };
+static void forget_in(int epfd, void *p, void *arg)
+{
+    (void)p;
+    struct ep_set *s = set_get(epfd);
+    if (!s) return;
+    pthread_mutex_lock(&s->lock);
+    drop_member(s, ((struct forget_arg *)arg)->fd);
+    pthread_mutex_unlock(&s->lock);
+    set_put(s);
+}
+
+/* fd was closed: the kernel dropped its registrations, so do we (its number may be reused
+ * by a socket the application registers with other data). */
+void rs_ep_forget(int fd)
+{
+    struct forget_arg a = { fd };
+    rs_fdmap_each(&sets, forget_in, &a);
+    struct ep_set *s = rs_fdmap_get(&sets, fd) ? rs_fdmap_swap(&sets, fd, NULL) : NULL;
+    if (s && s != RS_FDMAP_FAIL) set_put(s);        /* fd was itself an epoll instance */
+}
+
+static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+    struct ep_set *s = op == EPOLL_CTL_DEL ? set_get(epfd) : set_create(epfd);
+    if (!s) return;
+    pthread_mutex_lock(&s->lock);
+    int i = 0;
+    for (; i < s->n && s->m[i].fd != fd; i++) {}
+    if (op == EPOLL_CTL_DEL) {
+        if (i < s->n) s->m[i] = s->m[--s->n];
+    } else if (ev) {
+        if (i == s->n && s->n == s->cap) {
+            int cap = s->cap ? s->cap * 2 : 8;
+            struct ep_member *m = realloc(s->m, (size_t)cap * sizeof *m);
+            if (m) { s->m = m; s->cap = cap; }
+        }
+        if (i < s->cap) {
+            if (i == s->n) s->n++;
+            s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
+            s->m[i].et_mark = (uint64_t)-1; s->m[i].disarmed = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    set_put(s);
+}
+
+/* Registrations of a socket made before it was tracked (registered, then connected, as
+ * some event loops do).  connect adopts them (rs_ep_adopt): without that, waits on the
+ * socket would go to the kernel alone, never arm, and a reader that reads until EAGAIN
+ * would not be woken.  One registration per fd is kept; a second epoll instance makes
+ * it unknown (n = 2). */
+struct ep_early { int epfd; uint32_t events; epoll_data_t data; uint8_t n; };
+static struct rs_fdmap early = RS_FDMAP_INIT;      /* fd -> struct ep_early (kept once made) */
+static pthread_mutex_t early_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ep_note_early(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+    pthread_mutex_lock(&early_lock);
+    struct ep_early *e = rs_fdmap_get(&early, fd);
+    if (!e && op != EPOLL_CTL_DEL && ev && (e = calloc(1, sizeof *e)) && rs_fdmap_swap(&early, fd, e) == RS_FDMAP_FAIL) {
+        free(e);
+        e = NULL;
+    }
+    if (e && op == EPOLL_CTL_DEL) {
+        if (e->n == 1 && e->epfd == epfd) e->n = 0;
+    } else if (e && ev && e->n != 2) {
+        if (e->n == 1 && e->epfd != epfd) e->n = 2;
+        else { e->epfd = epfd; e->events = ev->events; e->data = ev->data; e->n = 1; }
+    }
+    pthread_mutex_unlock(&early_lock);
+}
+
+/* fd was closed or is new (accepted): no registration of an earlier file is its own. */
+void rs_ep_fd_fresh(int fd)
+{
+    struct ep_early *e = rs_fdmap_get(&early, fd);
+    if (e && __atomic_load_n(&e->n, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&early_lock);
+        e->n = 0;
+        pthread_mutex_unlock(&early_lock);
+    }
+}
+
+/* fd just became tracked: take over its earlier registration.  Returns 1 if every epoll
+ * registration of the socket is now known (or there is none), 0 if not: a one-shot (its
+ * state cannot be read back without re-arming it) or more than one epoll instance. */
+int rs_ep_adopt(int fd)
+{
+    struct ep_early e = { 0 };
+    pthread_mutex_lock(&early_lock);
+    struct ep_early *p = rs_fdmap_get(&early, fd);
+    if (p) { e = *p; p->n = 0; }
+    pthread_mutex_unlock(&early_lock);
+    if (!e.n) return 1;
+    if (e.n == 2 || (e.events & EPOLLONESHOT)) return 0;
+    /* Is it still registered there (the epoll fd may have been closed and its number
+     * reused)?  MOD to the same events and data changes nothing else. */
+    struct epoll_event ev = { .events = e.events, .data = e.data };
+    if (rs_real.epoll_ctl(e.epfd, EPOLL_CTL_MOD, fd, &ev) != 0) return errno == ENOENT || errno == EBADF || errno == EINVAL;
+    ep_remember(e.epfd, EPOLL_CTL_ADD, fd, &ev);
+    return 1;
+}
+
+RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    int r = rs_real.epoll_ctl(epfd, op, fd, ev);
+    if (r == 0 && !rs_in_engine) {
+        int e = errno;
+        int tracked = rs_is_tracked(fd);
+        if (tracked || op == EPOLL_CTL_DEL) ep_remember(epfd, op, fd, ev);
+        if (!tracked) ep_note_early(epfd, op, fd, ev);
+        errno = e;
+    }
+    return r;
+}
+
+/* Events from the rings of the tracked members that the kernel did not report (caller
+ * holds the set's lock). */
+static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, int have, int max)
+{
+    int n = have;
+    for (int i = 0; i < s->n && n < max; i++) {
+        if (s->m[i].disarmed) continue;
+        struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+        if (!k) continue;
+        uint64_t produced = rs_rx_produced(k->conn);
+        short re = 0;
+        if (!(s->m[i].events & EPOLLET) || produced != s->m[i].et_mark || k->conn->rx.fin_seen) {
+            short want = (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0) |
+                         (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
+            re = rs_ring_revents(k->conn, want);
+        }
+        rs_sock_put(k);
+        if (!(re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) continue;   /* EPOLLOUT: the kernel says */
+        int dup = 0;
+        for (int j = 0; j < have && !dup; j++) dup = out[j].data.u64 == s->m[i].data.u64;
+        if (dup) continue;
+        out[n].events = (re & POLLIN ? EPOLLIN : 0) | (re & POLLRDHUP ? EPOLLRDHUP : 0) |
+                        (re & POLLHUP ? EPOLLHUP : 0) | (re & POLLERR ? EPOLLERR : 0);
+        out[n].data = s->m[i].data;
+        n++;
+        s->m[i].et_mark = produced;
+        if (s->m[i].events & EPOLLONESHOT) {
+            /* fired: disable the kernel registration too, as EPOLLONESHOT does */
+            struct epoll_event off = { .events = 0, .data = s->m[i].data };
+            rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, s->m[i].fd, &off);
+            s->m[i].disarmed = 1;
+        }
+    }
+    return n;
+}
+
+/* The kernel's events, checked against the rings (caller holds the set's lock).  The
+ * kernel's EPOLLOUT only says the TCP socket has room; for an upgraded socket the ring
+ * must have it: EPOLLOUT is dropped for full rings (asking the peer for a credit
+ * doorbell).  Returns how many events remain. */
+static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int k)
+{
+    int n = 0;
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < s->n; i++) {
+            if (s->m[i].data.u64 != ev[j].data.u64) continue;
+            struct rs_sock *h = rs_handshake_sock(s->m[i].fd);
+            if (h) {
+                /* woken by handshake bytes: settle, and report only the application's data */
+                rs_sock_settle(h);
+                struct rs_sock *r = rs_ring_sock(s->m[i].fd);
+                if (rs_only_handshake(h) || (r && !rs_rx_ready(r->conn)))
+                    ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+                if (r) rs_sock_put(r);
+                rs_sock_put(h);
+            }
+            struct rs_sock *k2 = rs_ring_sock(s->m[i].fd);
+            if (!k2) break;
+            rs_conn *c = k2->conn;
+            /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
+             * under the preload, rs_doorbell.c): the ring says whether data is there */
+            if ((ev[j].events & (EPOLLIN | EPOLLRDNORM)) && !(ev[j].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
+                !rs_rx_ready(c)) {
+                ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+                if (!ev[j].events && (s->m[i].events & EPOLLONESHOT)) {
+                    /* the kernel's one shot went on a stale doorbell: arm it again */
+                    struct epoll_event again = { .events = s->m[i].events, .data = s->m[i].data };
+                    rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, s->m[i].fd, &again);
+                    rs_sock_put(k2);
+                    break;
+                }
+            }
+            if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(c)) {
+                if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) ev[j].events &= ~(uint32_t)EPOLLOUT;
+            }
+            /* the kernel's report counts as ours: no second edge, no second one-shot */
+            if (ev[j].events & EPOLLIN) s->m[i].et_mark = rs_rx_produced(c);
+            if (s->m[i].events & EPOLLONESHOT) s->m[i].disarmed = 1;
+            rs_sock_put(k2);
+            break;
+        }
+        if (ev[j].events) ev[n++] = ev[j];
+    }
+    return n;
+}
+
+/* Settles members still in the handshake (caller holds the set's lock).  *any: the set
+ * has upgraded or settling members; *apart: one of them has its peer on another CPU. */
+static void ep_scan(struct ep_set *s, int *any, int *apart)
+{
+    *any = *apart = 0;
+    for (int i = 0; i < s->n; i++) {
+        struct rs_sock *h = rs_handshake_sock(s->m[i].fd);
+        if (h) { rs_sock_settle(h); *any = 1; rs_sock_put(h); }
+        struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+        if (k) {
+            *any = 1;
+            if (!rs_peer_shares_cpu(k->conn)) *apart = 1;
+            rs_sock_put(k);
+        }
+    }
+}
+
+static int kernel_wait(int epfd, struct epoll_event *ev, int max, int ms, const sigset_t *mask)
+{
+    return mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
+}
+
+static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask,
+                       int apart)
+{
+    uint64_t start = rs_now_ns();
+    uint64_t deadline = rs_deadline(timeout_ms);
+    uint64_t budget = apart ? rs_spin_budget() : 0;   /* spin only for a peer on another CPU */
+    uint64_t spin_end = rs_earlier(start + budget, deadline);
+    for (unsigned it = 0;; it++) {
+        int k = 0;
+        if ((it & 15) == 0) {
+            k = rs_real.epoll_wait(epfd, ev, max, 0);
+            if (k < 0) return k;
+        }
+        pthread_mutex_lock(&s->lock);
+        if (k > 0) k = ep_filter_out(epfd, s, ev, k);
+        int n = ep_from_rings(epfd, s, ev, k, max);
+        pthread_mutex_unlock(&s->lock);
+        if (n) { if (timeout_ms && apart) rs_spin_result(1); return n; }
+        if (rs_now_ns() >= spin_end) break;
+        rs_spin_pause(rs_now_ns() - start);
+    }
+    if (timeout_ms && apart) rs_spin_result(0);
+    unsigned nap_us = 20;
+    for (;;) {
+        if (timeout_ms == 0 || rs_passed(deadline)) return 0;
+        int ready = 0, resend = 0, n = 0;
+        pthread_mutex_lock(&s->lock);
+        for (int i = 0; i < s->n; i++) {
+            struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+            if (!k) continue;
+            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0))) ready = 1;
+            rs_sock_put(k);
+        }
+        if (ready) n = ep_from_rings(epfd, s, ev, 0, max);
+        for (int i = 0; i < s->n && !n; i++) {      /* a resend after an RDMA failure: push it now and then */
+            struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+            if (!k) continue;
+            if (rs_fb_tx_pending(k->conn)) { rs_fb_kick(k->conn); resend = 1; }
+            rs_sock_put(k);
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (n) return n;
+        int ms = rs_ms_until(deadline);
+        if (resend && (ms < 0 || ms > 10)) ms = 10;
+        int k = kernel_wait(epfd, ev, max, ms, mask);
+        if (k <= 0) return k;
+        pthread_mutex_lock(&s->lock);
+        k = ep_filter_out(epfd, s, ev, k);
+        pthread_mutex_unlock(&s->lock);
+        if (k && apart) rs_spin_missed(rs_now_ns() - start);
+        if (k) return k;               /* doorbells, checked against the ring, make it truthful */
+        /* Only "writable" for a full ring: the credit comes through memory; nap and look. */
+        struct timespec ts = { 0, (long)nap_us * 1000 };
+        nanosleep(&ts, NULL);
+        if (nap_us < 1000) nap_us *= 2;
+    }
+}
+
+static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask,
+                        const struct timespec *ts2)
+{
+    struct ep_set *s = max > 0 && !rs_in_engine ? set_get(epfd) : NULL;
+    int any = 0, apart = 0;
+    if (s) {
+        pthread_mutex_lock(&s->lock);
+        ep_scan(s, &any, &apart);
+        pthread_mutex_unlock(&s->lock);
+    }
+    int r;
+    if (!any) {
+        if (ts2) r = rs_real.epoll_pwait2(epfd, ev, max, ts2, mask);
+        else r = kernel_wait(epfd, ev, max, timeout_ms, mask);
+    } else {
+        r = epoll_rings(epfd, s, ev, max, timeout_ms, mask, apart);
+    }
+    if (s) set_put(s);
+    return r;
+}
+
+RS_EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout_ms)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_wait(epfd, ev, max, timeout_ms);
+    return epoll_common(epfd, ev, max, timeout_ms, NULL, NULL);
+}
+
+RS_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask);
+    return epoll_common(epfd, ev, max, timeout_ms, mask, NULL);
+}
+
+/* epoll_pwait2 (glibc 2.35+): the same, with the timeout as a timespec (waits on upgraded
+ * sockets round it up to whole milliseconds, like ppoll's). */
+RS_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_real.epoll_pwait2) { errno = ENOSYS; return -1; }
+    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_pwait2(epfd, ev, max, ts, mask);
+    return epoll_common(epfd, ev, max, rs_ts_ms(ts), mask ? mask : NULL, ts);
+}
+
+static void set_after_fork(int epfd, void *p, void *arg)
+{
+    (void)epfd; (void)arg;
+    pthread_mutex_init(&((struct ep_set *)p)->lock, NULL);
+}
+
+void rs_ep_after_fork_child(void)
+{
+    rs_fdmap_each(&sets, set_after_fork, NULL);
+    pthread_mutex_init(&sets_lock, NULL);
+    pthread_mutex_init(&early_lock, NULL);
+    rs_fdmap_after_fork(&sets);
+    rs_fdmap_after_fork(&early);
+}

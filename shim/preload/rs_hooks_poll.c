@@ -1,0 +1,243 @@
+/* rs_hooks_poll.c - poll, ppoll, select and pselect when an upgraded (or still settling)
+ * socket is among the descriptors.  select/pselect become a poll.  Every upgraded socket
+ * of a wait is referenced for the whole wait (rs_ready.c for the readiness rules). */
+#include "rs_preload.h"
+#include <stdlib.h>
+#include <time.h>
+
+static int kernel_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    if (!mask) return rs_real.poll(fds, n, timeout_ms);
+    struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
+    return rs_real.ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, mask);
+}
+
+/* The upgraded entries of fds get their readiness from the ring; the rest from the
+ * kernel (asked with a zero timeout).  Returns the number of ready entries. */
+static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *want)
+{
+    int k = kernel_poll(fds, n, 0, NULL);
+    if (k < 0) return k;
+    int ready = 0;
+    for (nfds_t i = 0; i < n; i++) {
+        if (socks[i]) fds[i].revents = rs_ring_revents(socks[i]->conn, want[i]);
+        if (fds[i].revents) ready++;
+    }
+    return ready;
+}
+
+#define POLL_STACK 256
+
+static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    struct rs_sock *sbuf[POLL_STACK], **socks = sbuf;
+    short wbuf[POLL_STACK], *want = wbuf;
+    if (n > POLL_STACK) {
+        socks = malloc(n * sizeof *socks);
+        want = malloc(n * sizeof *want);
+        if (!socks || !want) { free(socks); free(want); return kernel_poll(fds, n, timeout_ms, mask); }
+    }
+    nfds_t nring = 0;
+    int apart = 0;                      /* spin only for a peer on another CPU */
+    for (nfds_t i = 0; i < n; i++) {
+        socks[i] = rs_ring_sock(fds[i].fd);
+        want[i] = fds[i].events;
+        if (!socks[i]) continue;
+        nring++;
+        fds[i].events = POLLIN | POLLRDHUP;     /* doorbells (data and credit) */
+        if (!rs_peer_shares_cpu(socks[i]->conn)) apart = 1;
+    }
+    int r;
+    if (!nring) {
+        r = kernel_poll(fds, n, timeout_ms, mask);
+        goto out;
+    }
+    uint64_t start = rs_now_ns();
+    uint64_t deadline = rs_deadline(timeout_ms);
+    for (;;) {
+        /* answer from the ring first; spin while the peer is likely to answer soon */
+        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_budget() : 0);
+        spin_end = rs_earlier(spin_end, deadline);
+        for (unsigned it = 0;; it++) {
+            int any = 0;
+            for (nfds_t i = 0; i < n && !any; i++)
+                if (socks[i] && rs_ring_revents(socks[i]->conn, want[i])) any = 1;
+            if (any || (it & 15) == 15) {
+                r = collect(fds, n, socks, want);
+                if (r != 0) { if (timeout_ms && apart) rs_spin_result(1); goto out; }
+            }
+            if (rs_now_ns() >= spin_end) break;
+            rs_spin_pause(rs_now_ns() - t0);
+        }
+        if (timeout_ms && apart) rs_spin_result(0);
+        if (timeout_ms == 0 || rs_passed(deadline)) { r = collect(fds, n, socks, want); goto out; }
+        int armed_ready = 0;
+        for (nfds_t i = 0; i < n; i++)
+            if (socks[i] && rs_ring_arm(socks[i]->conn, want[i])) armed_ready = 1;
+        /* Ready at arming, yet nothing to report: a record still being written.  Its
+         * producer sees the armed flag after it finishes, and rings: sleep for that. */
+        if (armed_ready && (r = collect(fds, n, socks, want)) != 0) goto out;
+        for (nfds_t i = 0; i < n; i++)      /* a resend after an RDMA failure must get out */
+            if (socks[i]) fds[i].events = POLLIN | POLLRDHUP | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
+        r = kernel_poll(fds, n, rs_ms_until(deadline), mask);
+        if (r < 0) goto out;
+        r = collect(fds, n, socks, want);
+        if (r && apart) rs_spin_missed(rs_now_ns() - start);
+        if (r || rs_passed(deadline)) goto out;
+        /* only a stale doorbell or a credit that is not enough yet: sleep again */
+    }
+out:
+    for (nfds_t i = 0; i < n; i++)
+        if (socks[i]) { fds[i].events = want[i]; rs_sock_put(socks[i]); }
+    if (socks != sbuf) { free(socks); free(want); }
+    return r;
+}
+
+/* Sockets still in the handshake: the HELLO or ACCEPT waiting in the kernel socket makes
+ * it readable, but it is not the application's data.  Such a socket is settled (one
+ * non-blocking handshake step) before the wait and again when the kernel reports it; a
+ * wake-up that was only the handshake is not reported and the wait goes on. */
+static int poll_common(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+    uint64_t deadline = rs_deadline(timeout_ms);
+    for (;;) {
+        uint8_t hs_buf[POLL_STACK];
+        int any_hs = 0;
+        for (nfds_t i = 0; i < n; i++) {
+            struct rs_sock *s = rs_handshake_sock(fds[i].fd);
+            int still = 0;
+            if (s) {
+                rs_sock_settle(s);
+                still = rs_sock_in_handshake(s);
+                rs_sock_put(s);
+            }
+            if (i < POLL_STACK) hs_buf[i] = (uint8_t)still;
+            any_hs |= still;
+        }
+        int r = poll_rings(fds, n, rs_ms_until(deadline), mask);
+        if (r <= 0 || !any_hs || n > POLL_STACK) return r;
+        int count = 0, settled = 0;
+        for (nfds_t i = 0; i < n; i++) {
+            if (hs_buf[i] && (fds[i].revents & POLLIN)) {
+                struct rs_sock *s = rs_sock_of(fds[i].fd);
+                if (s) {
+                    rs_sock_settle(s);
+                    settled = 1;
+                    if (rs_only_handshake(s)) {
+                        fds[i].revents &= (short)~(POLLIN | POLLRDNORM);
+                    } else {
+                        struct pollfd one = { .fd = fds[i].fd, .events = fds[i].events };
+                        poll_rings(&one, 1, 0, NULL);
+                        fds[i].revents = one.revents;
+                    }
+                    rs_sock_put(s);
+                }
+            }
+            if (fds[i].revents) count++;
+        }
+        if (count || !settled || rs_passed(deadline)) return count;
+    }
+}
+
+/* Whether any descriptor of the set needs our treatment. */
+static int any_ours(const struct pollfd *fds, nfds_t n)
+{
+    for (nfds_t i = 0; i < n; i++) {
+        struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fds[i].fd);
+        if (!s) continue;
+        int st = rs_sock_state(s);
+        rs_sock_put(s);
+        if (st != RS_PLAIN && st != RS_LISTEN && st != RS_BROKEN) return 1;
+    }
+    return 0;
+}
+
+RS_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout_ms)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_tracking() || rs_in_engine || !any_ours(fds, n)) return rs_real.poll(fds, n, timeout_ms);
+    return poll_common(fds, n, timeout_ms, NULL);
+}
+
+RS_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout_ms, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n) abort();
+    return poll(fds, n, timeout_ms);
+}
+
+RS_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (!rs_tracking() || rs_in_engine || !any_ours(fds, n)) return rs_real.ppoll(fds, n, ts, mask);
+    return poll_common(fds, n, rs_ts_ms(ts), mask);
+}
+
+RS_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n) abort();
+    return ppoll(fds, n, ts, mask);
+}
+
+/* select/pselect become a poll when an upgraded socket is in the sets. */
+static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e, int timeout_ms, const sigset_t *mask, int *handled)
+{
+    *handled = 0;
+    if (nfds > FD_SETSIZE) nfds = FD_SETSIZE;
+    struct pollfd p[FD_SETSIZE];
+    nfds_t n = 0;
+    for (int fd = 0; fd < nfds; fd++) {
+        short ev = 0;
+        if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+        if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+        if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
+        if (ev) { p[n].fd = fd; p[n].events = ev; p[n].revents = 0; n++; }
+    }
+    if (!any_ours(p, n)) return 0;
+    *handled = 1;
+    int rc = poll_common(p, n, timeout_ms, mask);
+    if (rc < 0) return rc;
+    if (r) FD_ZERO(r);
+    if (w) FD_ZERO(w);
+    if (e) FD_ZERO(e);
+    int count = 0;
+    for (nfds_t i = 0; i < n; i++) {
+        short re = p[i].revents;
+        if (re & POLLNVAL) { errno = EBADF; return -1; }
+        if (r && (re & (POLLIN | POLLHUP | POLLERR)) && (p[i].events & POLLIN)) { FD_SET(p[i].fd, r); count++; }
+        if (w && (re & (POLLOUT | POLLERR)) && (p[i].events & POLLOUT)) { FD_SET(p[i].fd, w); count++; }
+        if (e && (re & POLLPRI)) { FD_SET(p[i].fd, e); count++; }
+    }
+    return count;
+}
+
+RS_EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (rs_tracking() && !rs_in_engine) {
+        int handled;
+        int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+        int rc = select_common(nfds, r, w, e, ms, NULL, &handled);
+        if (handled) {
+            if (tv && rc >= 0) tv->tv_sec = tv->tv_usec = 0;   /* Linux updates the timeout */
+            return rc;
+        }
+    }
+    return rs_real.select(nfds, r, w, e, tv);
+}
+
+RS_EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct timespec *ts, const sigset_t *mask)
+{
+    if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
+    if (rs_tracking() && !rs_in_engine) {
+        int handled;
+        int rc = select_common(nfds, r, w, e, rs_ts_ms(ts), mask, &handled);
+        if (handled) return rc;
+    }
+    return rs_real.pselect(nfds, r, w, e, ts, mask);
+}
+
+RS_EXPORT long int __fdelt_chk(long int d)
+{
+    if (d < 0 || d >= FD_SETSIZE) abort();
+    return d / __NFDBITS;
+}

@@ -1,0 +1,102 @@
+/* rs_ready.c - readiness of one upgraded socket, for the waiting hooks (rs_hooks_poll.c,
+ * rs_hooks_epoll.c).
+ *
+ * The kernel already tells the truth about readability: a consumer with unconsumed
+ * records and nobody in recv always has a doorbell byte pending (rs_doorbell.c).  What
+ * the kernel cannot see is the ring itself, so the hooks (1) answer from the ring first,
+ * (2) spin on it for a bounded budget before sleeping, since the peer is often about to
+ * answer, (3) arm the doorbells (rs_rx_go_idle) before sleeping in the kernel, and (4)
+ * report POLLOUT from ring credit rather than from the TCP socket, sleeping on the credit
+ * doorbell while the ring is full.
+ */
+#include "rs_preload.h"
+#include <stdlib.h>
+
+static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US, default 1000 us (adaptive below it) */
+static __thread uint64_t spin_cur = 1000000;
+
+__attribute__((constructor)) static void ready_init(void)
+{
+    const char *v = getenv("RDMASOCK_SPIN_US");
+    if (v && *v) spin_ns = strtoull(v, NULL, 10) * 1000u;
+    spin_cur = spin_ns;
+}
+
+/* Spins share the CPU (rs_spin_pause); the budget halves when a spin found nothing and
+ * doubles when it did. */
+uint64_t rs_spin_budget(void) { return spin_cur < spin_ns ? spin_cur : spin_ns; }
+
+/* A wait whose spin ran out but whose data came after `waited_ns` in all: had the spin
+ * lasted that long it would have saved the kernel sleep and the doorbell, whose cross-CPU
+ * wake-up alone costs tens of microseconds.  So a peer that answers within the maximum
+ * budget (a database statement, say) is waited for by spinning, not by halving the
+ * budget on every slow answer; only answers slower than the maximum shrink it. */
+void rs_spin_missed(uint64_t waited_ns)
+{
+    if (waited_ns < spin_ns) {
+        uint64_t want = 2 * waited_ns + 1000;
+        spin_cur = want > spin_ns ? spin_ns : want > spin_cur ? want : spin_cur;
+    }
+}
+
+void rs_spin_result(int found)
+{
+    if (found) spin_cur = spin_cur * 2 > spin_ns ? spin_ns : (spin_cur ? spin_cur * 2 : 1000);
+    else if (spin_cur > spin_ns / 64 + 500) spin_cur /= 2;
+}
+
+struct rs_sock *rs_ring_sock(int fd)
+{
+    if (rs_in_engine) return NULL;
+    struct rs_sock *s = rs_sock_of(fd);
+    if (!s) return NULL;
+    if (rs_sock_state(s) == RS_RING && !RS_GET(s->conn->rx.pre) && !__atomic_load_n(&s->conn->fb_done, __ATOMIC_ACQUIRE))
+        return s;                                   /* fb_done: plain TCP again */
+    rs_sock_put(s);
+    return NULL;
+}
+
+struct rs_sock *rs_handshake_sock(int fd)
+{
+    if (rs_in_engine) return NULL;
+    struct rs_sock *s = rs_sock_of(fd);
+    if (!s) return NULL;
+    if (rs_sock_in_handshake(s)) return s;
+    rs_sock_put(s);
+    return NULL;
+}
+
+int rs_only_handshake(struct rs_sock *s)
+{
+    int st = rs_sock_state(s);
+    return st == RS_CLIENT_HS || st == RS_SERVER_HS;
+}
+
+short rs_ring_revents(rs_conn *c, short events)
+{
+    short r = 0;
+    if (RS_GET(c->err)) r |= POLLERR;
+    if (RS_GET(c->tcp_eof)) r |= POLLHUP;
+    if ((events & (POLLIN | POLLRDNORM)) && rs_rx_ready(c)) r |= events & (POLLIN | POLLRDNORM);
+    if ((events & POLLRDHUP) && (c->rx.fin_seen || RS_GET(c->tcp_eof))) r |= POLLRDHUP;
+    if ((events & (POLLOUT | POLLWRNORM)) && rs_tx_writable(c)) r |= events & (POLLOUT | POLLWRNORM);
+    return r;
+}
+
+/* Arms one upgraded socket for a kernel sleep.  Returns 1 if it is ready after all. */
+int rs_ring_arm(rs_conn *c, short events)
+{
+    int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
+    /* Credit published since the spin looked (without a doorbell: nobody had asked for one)
+     * makes the socket writable now; sleeping then would wait for a doorbell never sent. */
+    if ((events & (POLLOUT | POLLWRNORM)) && (rs_tx_writable(c) || rs_tx_arm_credit(c) || rs_tx_writable(c)))
+        ready = 1;
+    return ready || RS_GET(c->err) || RS_GET(c->tcp_eof);
+}
+
+int rs_ts_ms(const struct timespec *ts)
+{
+    if (!ts) return -1;
+    long long ms = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}

@@ -1,0 +1,72 @@
+/* rs_contract.h - what C and Python agree on, defined once: step results of the control
+ * plane, roles, transports, fallback reasons and the statistics record.  Python reads all
+ * of it through cffi (rdmasock/_build_native.py declares this header's names); no number
+ * or layout here is written down a second time anywhere. */
+#ifndef RS_CONTRACT_H
+#define RS_CONTRACT_H
+#include <stdint.h>
+
+/* Results of a handshake step (rdmasock/engine.py step) */
+#define RS_STEP_PENDING    0    /* still waiting for the peer */
+#define RS_STEP_RING       1    /* upgraded: out[0] is the connection */
+#define RS_STEP_TCP        2    /* plain TCP from now on */
+#define RS_STEP_PRE_RX     3    /* declined server: out[0] unwraps the client's preamble */
+#define RS_STEP_CONNECTING 4    /* client: the TCP connect has not completed */
+
+#define RS_ROLE_CLIENT 1
+#define RS_ROLE_SERVER 2
+
+#define RS_TRANSPORT_TCP  0
+#define RS_TRANSPORT_SHM  1
+#define RS_TRANSPORT_RDMA 2
+
+/* Fallback reasons: code, name, meaning.  The codes travel in DECLINE messages
+ * (docs/PROTOCOL.md 2.11), the names in logs, `rdmasock stat` and fallback_reason. */
+#define RS_REASONS(X) \
+    X(1,  DISABLED, "disabled", "rdmasock is disabled by configuration (RDMASOCK_DISABLE)") \
+    X(2,  EXCLUDED, "excluded", "the address or port is excluded by configuration") \
+    X(3,  PEER_NOT_RDMASOCK, "peer_not_rdmasock", "the peer does not run rdmasock (no rendezvous registered)") \
+    X(4,  NOT_LOCAL, "not_local", "the peer is on another host and no RDMA transport is available") \
+    X(5,  MARKER_BUSY, "marker_busy", "the client rendezvous name for this local port is taken") \
+    X(6,  SHM_UNAVAILABLE, "shm_unavailable", "shared memory could not be created or mapped") \
+    X(7,  FD_PASS_FAILED, "fd_pass_failed", "the shared-memory descriptor could not be passed to the peer") \
+    X(8,  VERSION_MISMATCH, "version_mismatch", "no common protocol version") \
+    X(9,  NO_COMMON_TRANSPORT, "no_common_transport", "the peers share no enabled transport") \
+    X(10, HANDSHAKE_GARBAGE, "handshake_garbage", "the peer sent bytes that are not a valid handshake") \
+    X(11, HANDSHAKE_TIMEOUT, "handshake_timeout", "the handshake did not complete in time") \
+    X(12, ALREADY_CONNECTED, "already_connected", "the socket was connected before rdmasock saw it") \
+    X(13, PEER_DECLINED, "peer_declined", "the peer declined the upgrade") \
+    X(14, CLOSED_DURING_HANDSHAKE, "closed_during_handshake", "the peer closed the connection before the handshake finished") \
+    X(15, RDMA_UNAVAILABLE, "rdma_unavailable", "no usable RDMA device, port or GID (or pyverbs is missing)") \
+    X(16, MEMLOCK, "memlock", "the locked-memory limit (ulimit -l) is too low to register the rings") \
+    X(17, RDMA_SETUP_FAILED, "rdma_setup_failed", "creating the RDMA queue pair or memory regions failed") \
+    X(18, RDMA_CONNECT_FAILED, "rdma_connect_failed", "the peers' RDMA parameters did not fit or the queue pair did not connect") \
+    X(19, RDMA_FAILED, "rdma_failed", "the RDMA transport failed mid-stream: the connection went on over TCP") \
+    X(20, PEER_UNVERIFIED, "peer_unverified", "a rendezvous name exists, but its owner is not the owner of the TCP endpoint") \
+    X(21, RING_MEMORY_LIMIT, "ring_memory_limit", "the process's ring memory would exceed RDMASOCK_RING_MEMORY_MAX")
+
+#define RS_REASON_ENUM(code, sym, name, text) RS_REASON_##sym = code,
+enum rs_reason { RS_REASONS(RS_REASON_ENUM) RS_REASON_COUNT };
+#undef RS_REASON_ENUM
+const char *rs_reason_name(int code);     /* NULL for an unknown code */
+const char *rs_reason_text(int code);
+
+/* One row of `rdmasock stat` (shim/preload/rs_stats.c writes, rdmasock/stat.py reads). */
+struct rs_stat_slot {
+    uint32_t used;
+    int32_t  fd;
+    uint8_t  transport;     /* RS_TRANSPORT_* */
+    uint8_t  role;          /* RS_ROLE_* */
+    uint16_t reason;        /* fallback reason code, 0 = none */
+    uint8_t  local[28];     /* struct sockaddr_in or sockaddr_in6 */
+    uint8_t  peer[28];
+    uint64_t tx_bytes, rx_bytes;
+    uint8_t  pad[8];
+};
+#define RS_STAT_MAGIC  0x5453534Bu       /* "KSST" */
+/* nslots grows (the memfd with it) as connections open; ring_bytes/ring_max are the
+ * process's ring memory and its cap (RDMASOCK_RING_MEMORY_MAX) as of the last open/close. */
+struct rs_stat_hdr { uint32_t magic, version, nslots, slot_size; uint32_t pid, pad0; uint64_t ring_bytes, ring_max;
+                     uint32_t pad[6]; };
+
+#endif

@@ -1,0 +1,468 @@
+/* rs_sock.c - the socket object: lifetime, descriptor, handshake steps, and the I/O entry
+ * points every host (the LD_PRELOAD hooks) calls.  See rs_sock.h for the model. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include "rs_sock.h"
+#include "rs_sys.h"
+
+const struct rs_host_ops *rs_host;
+
+#define HOLD   (1ull << 32)
+#define CALLS  (HOLD - 1)
+#define RS_HS_WRITE_WAIT_MS 5000   /* a server's write waits this long for the HELLO */
+#define PRIVATE_FD_MIN 1024         /* private duplicates sit above the numbers select() can see */
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rs_sock *all_socks, *free_socks;
+
+/* ---- lifetime ---------------------------------------------------------------------- */
+
+static int timeo_ms(int fd, int name)
+{
+    struct timeval tv = { 0, 0 };
+    socklen_t l = sizeof tv;
+    if (syscall(SYS_getsockopt, fd, SOL_SOCKET, name, &tv, &l) < 0 || (!tv.tv_sec && !tv.tv_usec)) return -1;
+    long long ms = (long long)tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+struct rs_sock *rs_sock_new(int fd, int state)
+{
+    pthread_mutex_lock(&pool_lock);
+    struct rs_sock *s = free_socks;
+    if (s) free_socks = s->free_next;
+    pthread_mutex_unlock(&pool_lock);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        pthread_mutex_lock(&pool_lock);
+        s->all_next = all_socks;
+        all_socks = s;
+        pthread_mutex_unlock(&pool_lock);
+    }
+    int *fds = s->fds, capfds = s->capfds;
+    struct rs_sock *all_next = s->all_next;
+    if (!fds) {
+        fds = malloc(2 * sizeof *fds);
+        if (!fds) {
+            pthread_mutex_lock(&pool_lock);
+            s->free_next = free_socks;
+            free_socks = s;
+            pthread_mutex_unlock(&pool_lock);
+            return NULL;
+        }
+        capfds = 2;
+    }
+    /* refs stays 0 until everything else is in place: a stale rs_sock_try_get sees 0 */
+    memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
+    s->all_next = all_next;
+    s->fds = fds;
+    s->capfds = capfds;
+    s->fds[0] = fd;
+    s->nfds = 1;
+    s->fd = fd;
+    s->state = state;
+    s->handle = -1;
+    int fl = (int)syscall(SYS_fcntl, fd, F_GETFL);
+    s->nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    s->rcvtimeo_ms = timeo_ms(fd, SO_RCVTIMEO);
+    s->sndtimeo_ms = timeo_ms(fd, SO_SNDTIMEO);
+    pthread_mutex_init(&s->lock, NULL);
+    __atomic_store_n(&s->refs, HOLD, __ATOMIC_RELEASE);
+    return s;
+}
+
+int rs_sock_try_get(struct rs_sock *s)
+{
+    uint64_t r = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE);
+    do {
+        if (!r) return 0;                             /* being torn down, or free */
+    } while (!__atomic_compare_exchange_n(&s->refs, &r, r + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return 1;
+}
+
+struct rs_sock *rs_sock_ref(struct rs_sock *s)
+{
+    __atomic_add_fetch(&s->refs, 1, __ATOMIC_ACQ_REL);
+    return s;
+}
+
+/* Reads what the peer sent that nobody will read (a HELLO never answered, a SWITCH behind
+ * the last request): closing a TCP socket with unread bytes sends RST, and the peer would
+ * see ECONNRESET instead of EOF.  Not after fork: the other process reads them. */
+static void drain_unread(int fd)
+{
+    char buf[512];
+    for (int i = 0; i < 64; i++)
+        if (rs_sys_recv(fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) break;
+}
+
+/* Would the kernel end this connection with a reset?  It does when the application set
+ * SO_LINGER to {1, 0}, or closes with data it has not read.  Then the peer gets a RESET
+ * record instead of a FIN: its reads end in ECONNRESET, as over TCP. */
+static int abortive_close(struct rs_sock *s)
+{
+    struct linger lg = { 0, 0 };
+    socklen_t l = sizeof lg;
+    if (syscall(SYS_getsockopt, s->fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff && !lg.l_linger) return 1;
+    return rs_rx_available(s->conn) > 0;
+}
+
+/* The last reference is gone: nobody can reach the object any more. */
+static void destroy(struct rs_sock *s)
+{
+    int abort = s->state == RS_RING && !s->forked && abortive_close(s);
+    /* Unread handshake or doorbell bytes would make the kernel's close send a reset. */
+    if (!s->forked && (s->state == RS_SERVER_HS || s->state == RS_RING)) drain_unread(s->fd);
+    switch (s->state) {
+    case RS_RING:
+        if (!s->forked) abort ? rs_send_reset(s->conn) : rs_send_fin(s->conn);
+        /* An rdma connection first lets its last WRITEs leave, and the control plane
+         * destroys its verbs objects (before the memory is unmapped).  After fork they
+         * belong to the parent: the child only drops its copy. */
+        if (s->conn->rdma && !s->forked) {
+            rs_rdma_drain(s->conn);                 /* unread bells would make close send RST */
+            if (rs_host && rs_host->release) rs_host->release(s->conn);
+        }
+        rs_conn_free(s->conn);
+        break;
+    case RS_PRE_RX:
+        rs_conn_free(s->conn);
+        break;
+    case RS_CLIENT_HS:
+    case RS_SERVER_HS:
+        if (rs_host && rs_host->drop) rs_host->drop(s->handle);
+        break;
+    case RS_LISTEN:
+        if (rs_host && rs_host->unlisten) rs_host->unlisten(s->handle);
+        break;
+    }
+    if (rs_host && rs_host->stat_close) rs_host->stat_close(s->stat);   /* after the rings are gone */
+    if (s->own_fd) syscall(SYS_close, s->fd);
+    s->conn = NULL;
+    s->stat = NULL;
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_lock(&pool_lock);
+    s->free_next = free_socks;
+    free_socks = s;
+    pthread_mutex_unlock(&pool_lock);
+}
+
+void rs_sock_put(struct rs_sock *s)
+{
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) destroy(s);
+}
+
+void rs_sock_hold(struct rs_sock *s, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->nfds == s->capfds) {
+        int *n = realloc(s->fds, (size_t)s->capfds * 2 * sizeof *n);
+        if (n) { s->fds = n; s->capfds *= 2; }
+    }
+    if (s->nfds < s->capfds) s->fds[s->nfds++] = fd;
+    pthread_mutex_unlock(&s->lock);
+    __atomic_add_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL);
+}
+
+/* Points our calls at fd (the socket's own descriptor for them). */
+static void use_fd(struct rs_sock *s, int fd)
+{
+    s->fd = fd;
+    if (s->conn) rs_conn_move_fd(s->conn, fd);
+}
+
+void rs_sock_release_fd(struct rs_sock *s, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->nfds; i++)
+        if (s->fds[i] == fd) { s->fds[i] = s->fds[--s->nfds]; break; }
+    if (s->fd == fd && !s->own_fd) {
+        if (s->nfds) {
+            use_fd(s, s->fds[0]);                   /* another number of the application */
+        } else if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) & CALLS) {
+            /* A call is still inside: it keeps the socket, as the kernel's would, on a
+             * duplicate of our own (the application's number may be reused at once). */
+            int priv = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
+            if (priv < 0) priv = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+            if (priv >= 0) { use_fd(s, priv); s->own_fd = 1; }
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (__atomic_sub_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL) == 0) destroy(s);
+}
+
+void rs_sock_mark_all_forked(void)
+{
+    pthread_mutex_lock(&pool_lock);
+    for (struct rs_sock *s = all_socks; s; s = s->all_next)
+        if (__atomic_load_n(&s->refs, __ATOMIC_RELAXED)) s->forked = 1;
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* In the child, only the thread that forked exists: calls other threads had in progress
+ * will never end, and locks they held will never be released. */
+void rs_sock_after_fork_child(void)
+{
+    pthread_mutex_init(&pool_lock, NULL);
+    for (struct rs_sock *s = all_socks; s; s = s->all_next) {
+        uint64_t r = __atomic_load_n(&s->refs, __ATOMIC_RELAXED);
+        if (!r) continue;
+        __atomic_store_n(&s->refs, r & ~CALLS, __ATOMIC_RELAXED);
+        pthread_mutex_init(&s->lock, NULL);
+        if (s->conn) rs_conn_after_fork_child(s->conn);
+    }
+}
+
+/* ---- handshake --------------------------------------------------------------------- */
+
+static int roles[] = { [RS_CLIENT_HS] = RS_ROLE_CLIENT, [RS_SERVER_HS] = RS_ROLE_SERVER };
+
+/* Makes the connection the control plane built this socket's own (caller holds lock). */
+static void adopt_ring(struct rs_sock *s, rs_conn *c)
+{
+    int one = 1, v = 0;
+    socklen_t sl = sizeof v;
+    c->fd = s->fd;                              /* the engine worked on a descriptor of its own */
+    if (syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) s->app_nodelay = v != 0;
+    /* The TCP socket now carries only doorbells: Nagle would hold one back for a delayed
+     * ACK.  The application's own setting is kept virtually (rs_sock_setopt_seen). */
+    syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->rx.lazy_tidy = !s->ep_unknown;              /* the hooks answer readiness from the ring */
+    s->conn = c;
+    s->forked = 0;                              /* made in this process: nobody else has the ring */
+}
+
+int rs_sock_step(struct rs_sock *s, int wait_ms)
+{
+    int st = rs_sock_state(s);
+    if (st != RS_CLIENT_HS && st != RS_SERVER_HS) return 1;
+    if (!rs_host || !rs_host->step) { __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE); return 1; }
+    pthread_mutex_lock(&s->lock);
+    int r = 1;
+    st = s->state;
+    if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
+        uintptr_t out[2] = { 0, 0 };
+        int res = rs_host->step(s->handle, wait_ms, out);
+        s->role = (uint8_t)roles[st];
+        if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
+            int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->rdma ? RS_TRANSPORT_RDMA
+                                                                                              : RS_TRANSPORT_SHM;
+            s->stat = rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]);
+        }
+        if (res < 0) {
+            s->err = -res;
+            __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
+        } else if (res == RS_STEP_RING) {
+            adopt_ring(s, (rs_conn *)out[0]);
+            __atomic_store_n(&s->state, RS_RING, __ATOMIC_RELEASE);
+        } else if (res == RS_STEP_PRE_RX) {
+            s->conn = (rs_conn *)out[0];
+            s->conn->fd = s->fd;
+            __atomic_store_n(&s->state, RS_PRE_RX, __ATOMIC_RELEASE);
+        } else if (res == RS_STEP_TCP) {
+            __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
+        } else {
+            r = 0;
+            s->hello_pending = res == RS_STEP_CONNECTING;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+int rs_sock_in_handshake(struct rs_sock *s)
+{
+    int st = rs_sock_state(s);
+    return st == RS_CLIENT_HS || st == RS_SERVER_HS || (st == RS_RING && RS_GET(s->conn->rx.pre));
+}
+
+void rs_sock_settle(struct rs_sock *s)
+{
+    rs_sock_step(s, 0);
+    if (rs_sock_state(s) == RS_RING) rs_pre_settle(s->conn);
+}
+
+/* An rdma connection's transport failed and it goes on over TCP: `rdmasock stat` shows
+ * transport tcp with reason rdma_failed, and the log says why (once per connection). */
+static void note_fallback(struct rs_sock *s)
+{
+    if (!s->stat || s->stat->transport == RS_TRANSPORT_TCP) return;
+    s->stat->transport = RS_TRANSPORT_TCP;
+    s->stat->reason = RS_REASON_RDMA_FAILED;
+    if (rs_host && rs_host->fell_back) rs_host->fell_back(s->fd, s->role, s->conn);
+}
+
+/* ---- I/O --------------------------------------------------------------------------- */
+
+/* The wait a blocking call may make: 0 (non-blocking), the socket's timeout, or -1. */
+static int call_timeout(struct rs_sock *s, int flags, int timeo)
+{
+    if (s->nonblock || (flags & MSG_DONTWAIT)) return 0;
+    return timeo;
+}
+
+/* Settles what can be settled of a handshake before data moves.  Returns the state to act
+ * on, or -errno (-EAGAIN: not yet). */
+static int prepare(struct rs_sock *s, int for_write, int timeout)
+{
+    int st = rs_sock_state(s);
+    if (st == RS_CLIENT_HS) {
+        if (rs_sock_step(s, for_write ? 0 : timeout)) return rs_sock_state(s);
+        if (for_write && !s->hello_pending) return RS_CLIENT_HS;   /* a preamble frame */
+        return -EAGAIN;
+    }
+    if (st == RS_SERVER_HS) {
+        /* The server must not send first: a write waits for the HELLO, bounded by the
+         * handshake limit and the socket's own send timeout. */
+        int wait = for_write ? RS_HS_WRITE_WAIT_MS : timeout;
+        if (for_write && timeout > 0 && timeout < wait) wait = timeout;
+        if (rs_sock_step(s, wait)) return rs_sock_state(s);
+        if (for_write && wait == RS_HS_WRITE_WAIT_MS) {
+            s->err = ETIMEDOUT;
+            __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
+            return -ETIMEDOUT;
+        }
+        return -EAGAIN;
+    }
+    return st;
+}
+
+static void end_preamble(struct rs_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->state == RS_PRE_RX && !s->conn->rx.pre) {
+        rs_conn *c = s->conn;
+        __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
+        s->conn = NULL;
+        rs_conn_free(c);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The handshake took part of a read's timeout and the socket stayed TCP: the kernel's read
+ * would start its SO_RCVTIMEO afresh, so wait here for the rest, then let it read. */
+static ssize_t plain_within(struct rs_sock *s, uint64_t deadline, int *plain)
+{
+    struct pollfd p = { .fd = s->fd, .events = POLLIN };
+    int r = rs_sys_poll(&p, 1, rs_ms_until(deadline));
+    if (r < 0) return r;                 /* -EINTR: a call with a timeout is never restarted */
+    if (r == 0) return -EAGAIN;
+    *plain = 1;
+    return 0;
+}
+
+ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain)
+{
+    int timeout = call_timeout(s, flags, s->rcvtimeo_ms);
+    uint64_t deadline = rs_deadline(timeout);
+    int entry = rs_sock_state(s), st = prepare(s, 0, timeout);
+    *plain = 0;
+    if (st < 0) return st;
+    if (st == RS_BROKEN) return -RS_GET(s->err);
+    int waited = timeout > 0 && (entry == RS_CLIENT_HS || entry == RS_SERVER_HS);
+    if (waited) timeout = rs_ms_until(deadline);
+    if (st != RS_RING && st != RS_PRE_RX) {
+        if (waited) return plain_within(s, deadline, plain);
+        *plain = 1;
+        return 0;
+    }
+    ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT), timeout);
+    if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre)) end_preamble(s);
+    else if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
+    if (r > 0 && s->stat && !(flags & MSG_PEEK)) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    return r;
+}
+
+/* A client's write before the server's answer: one preamble frame, under the lock so
+ * another thread's SWITCH never lands inside it; waiting for room happens outside the
+ * lock, so a reader thread can take the answer meanwhile.  *state is updated if the
+ * handshake finished (then nothing was sent). */
+static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, int timeout, int *state)
+{
+    uint64_t deadline = rs_deadline(timeout);
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        int st = s->state;
+        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, buf, n, 1, 0) : 0;
+        pthread_mutex_unlock(&s->lock);
+        if (st != RS_CLIENT_HS) { *state = st; return 0; }
+        if (r != -EAGAIN && r != -EINTR) return r;
+        if (rs_passed(deadline)) return -EAGAIN;
+        int w = rs_sleep_fd(s->fd, POLLOUT | POLLIN, rs_earlier(deadline, rs_deadline(50)));
+        if (w < 0) return w;
+        if (rs_sock_step(s, 0)) { *state = rs_sock_state(s); return 0; }
+    }
+}
+
+ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)
+{
+    int timeout = call_timeout(s, flags, s->sndtimeo_ms);
+    uint64_t deadline = rs_deadline(timeout);
+    int st = prepare(s, 1, timeout);
+    *plain = 0;
+    if (st < 0) return st;
+    if (st == RS_BROKEN) return -RS_GET(s->err);
+    if (timeout > 0) timeout = rs_ms_until(deadline);    /* what the handshake left of it */
+    ssize_t r = 0;
+    if (st == RS_CLIENT_HS) r = send_preamble(s, buf, n, timeout, &st);
+    if (st == RS_BROKEN) return -RS_GET(s->err);
+    if (st == RS_RING) {
+        r = rs_send(s->conn, buf, n, timeout == 0, timeout);
+        if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
+    } else if (st != RS_CLIENT_HS) {
+        *plain = 1;
+        return 0;
+    }
+    if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+    if (r > 0 && s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    return r;
+}
+
+int rs_sock_shutdown(struct rs_sock *s, int how, int *plain)
+{
+    *plain = 0;
+    int st = rs_sock_state(s);
+    if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
+        /* The half-close must travel the way the data will: wait (bounded) for the answer. */
+        if (!rs_sock_step(s, RS_HS_WRITE_WAIT_MS)) {
+            pthread_mutex_lock(&s->lock);
+            if (s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS) {
+                if (rs_host && rs_host->drop) rs_host->drop(s->handle);
+                s->handle = -1;
+                __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        st = rs_sock_state(s);
+    }
+    if (st != RS_RING) { *plain = 1; return 0; }
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
+    if (how != SHUT_WR) rs_shutdown_rd(s->conn);
+    if (how != SHUT_RD) rs_send_fin(s->conn);
+    return 0;
+}
+
+/* The application set an option on the kernel socket (already done): what we mirror. */
+void rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len)
+{
+    if (level != SOL_SOCKET || (name != SO_RCVTIMEO && name != SO_SNDTIMEO) || !val || len < sizeof(struct timeval))
+        return;
+    const struct timeval *tv = val;
+    long long ms = (long long)tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000;
+    int v = ms <= 0 ? -1 : ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+    if (name == SO_RCVTIMEO) s->rcvtimeo_ms = v;
+    else s->sndtimeo_ms = v;
+}

@@ -1,0 +1,104 @@
+/* rs_sock.h - one TCP socket that rdmasock looks after: the reference-counted object every
+ * interposed call acts on, and the owner of its link state machine.
+ *
+ * A socket is in one state (enum rs_state).  The states that matter to the data path:
+ * CLIENT_HS/SERVER_HS (the control plane is still choosing), RING (data through
+ * `conn`), PRE_RX (a declined server unwraps the client's preamble frames, then PLAIN),
+ * BROKEN (the handshake failed: every call reports `err`).
+ *
+ * Lifetime.  `refs` holds two counts: holders (descriptor numbers of the application
+ * that refer to the socket; rs_sock_hold/rs_sock_unhold) in the high half, and calls in
+ * progress (rs_sock_get/rs_sock_put) in the low half.  The object is torn down when both
+ * reach zero, so a close() in one thread never frees what a recv() in another thread is
+ * still using.  Objects are never returned to malloc (they go to a free list), which is
+ * what lets rs_sock_get take a reference without a lock on a pointer it just read.
+ *
+ * The descriptor.  Our own system calls (doorbells, waits) use `conn->fd` (see rs_conn.h
+ * rs_conn_fd_*): while the application keeps a number open that is one of its numbers;
+ * when the application closes its last one while a call is still inside, the socket
+ * moves to a private duplicate first, so no system call ever lands on a number the
+ * application may already have reused.
+ */
+#ifndef RS_SOCK_H
+#define RS_SOCK_H
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "rs_conn.h"
+#include "rs_contract.h"
+
+enum rs_state {
+    RS_PLAIN = 0,     /* nothing to do: the kernel socket is the whole story */
+    RS_LISTEN,        /* listener with a rendezvous registration (handle) */
+    RS_CLIENT_HS,     /* client: HELLO (to be) sent, answer not yet read */
+    RS_SERVER_HS,     /* server: accepted from an rdmasock client, HELLO not yet read */
+    RS_RING,          /* upgraded: data through conn */
+    RS_PRE_RX,        /* server declined: unwrap the client's preamble frames, then plain */
+    RS_BROKEN,        /* handshake failed: I/O reports err */
+};
+
+/* What the host offers: the control plane (rdmasock/engine.py, reached through the
+ * embedded engine in a preloaded program) and the statistics table.  Any may be NULL. */
+struct rs_host_ops {
+    int  (*step)(int handle, int wait_ms, uintptr_t *out);   /* RS_STEP_*; out[0] conn, out[1] reason */
+    void (*drop)(int handle);                                 /* a handshake nobody finishes */
+    void (*unlisten)(int handle);                             /* a listener's registration */
+    void (*release)(rs_conn *c);                              /* before an rdma conn is freed */
+    void (*fell_back)(int fd, int role, rs_conn *c);          /* rdma went on over TCP: log it */
+    struct rs_stat_slot *(*stat_open)(int fd, int role, int transport, int reason);
+    void (*stat_close)(struct rs_stat_slot *slot);
+};
+extern const struct rs_host_ops *rs_host;
+
+struct rs_sock {
+    uint64_t refs;            /* holders << 32 | calls in progress */
+    int      state;           /* enum rs_state; published with release stores */
+    int      err;             /* BROKEN: positive errno */
+    int      handle;          /* control-plane handle (CLIENT_HS, SERVER_HS, LISTEN) */
+    uint8_t  role;            /* RS_ROLE_CLIENT / RS_ROLE_SERVER once known */
+    uint8_t  nonblock;        /* O_NONBLOCK as the application set it */
+    uint8_t  forked;          /* a fork happened while it existed: another process may hold it */
+    uint8_t  app_nodelay;     /* TCP_NODELAY as the application set it (RING) */
+    uint8_t  hello_pending;   /* client: nonblocking connect not finished, HELLO not sent */
+    uint8_t  ep_unknown;      /* registered with epoll before connect in a way we could not
+                               * take over: non-blocking reads keep arming */
+    uint8_t  own_fd;          /* fd is our private duplicate: closed with the object */
+    int      rcvtimeo_ms;     /* SO_RCVTIMEO, -1: none */
+    int      sndtimeo_ms;     /* SO_SNDTIMEO, -1: none */
+    int      fd;              /* a descriptor of this socket for our own calls */
+    int      nfds, capfds;    /* the application's numbers that refer here */
+    int     *fds;
+    rs_conn *conn;            /* RING, PRE_RX */
+    struct rs_stat_slot *stat;
+    pthread_mutex_t lock;     /* state transitions and the descriptor list */
+    struct rs_sock *all_next; /* every object ever made (fork fix-up) */
+    struct rs_sock *free_next;
+};
+
+/* Lifetime */
+struct rs_sock *rs_sock_new(int fd, int state);   /* one holder (fd), no call */
+struct rs_sock *rs_sock_ref(struct rs_sock *s);   /* a call on a socket already referenced */
+void rs_sock_put(struct rs_sock *s);              /* ends a call */
+void rs_sock_hold(struct rs_sock *s, int fd);     /* another application number refers here */
+/* The application closes fd (one of s's numbers).  Moves our own calls off it, then drops
+ * its hold; the caller closes fd afterwards. */
+void rs_sock_release_fd(struct rs_sock *s, int fd);
+void rs_sock_mark_all_forked(void);
+void rs_sock_after_fork_child(void);
+int  rs_sock_try_get(struct rs_sock *s);          /* a call on an object that may be dying: 1 ok */
+
+static inline int rs_sock_state(const struct rs_sock *s) { return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE); }
+
+/* Handshake */
+int  rs_sock_step(struct rs_sock *s, int wait_ms);   /* 1 over (state updated), 0 pending, -1 errno */
+int  rs_sock_in_handshake(struct rs_sock *s);        /* bytes on the kernel socket may not be data */
+void rs_sock_settle(struct rs_sock *s);              /* one non-blocking step towards data */
+
+/* I/O.  Return bytes or -errno; *plain = 1 means the socket is plain TCP: the caller
+ * makes the real call (and nothing was done). */
+ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain);
+ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
+int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
+void    rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len);
+
+#endif

@@ -1,0 +1,90 @@
+/* rs_wait.c - spinning, napping and sleeping (rs_wait.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "rs_lock.h"
+#include "rs_wait.h"
+#include "rs_sys.h"
+
+void rs_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+void rs_spin_pause(uint64_t spun_ns)
+{
+    if (spun_ns > RS_PURE_SPIN_NS) sched_yield();
+    else rs_relax();
+}
+
+/* Which signal interrupted a poll is not known here; the kernel restarts a call after a
+ * handler with SA_RESTART.  So: restart if every caught signal's handler has it. */
+int rs_restart_after_signal(void)
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sigaction(sig, NULL, &sa) != 0) continue;
+        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+        if (!(sa.sa_flags & SA_RESTART)) return 0;
+    }
+    return 1;
+}
+
+/* A signal during a sleep: what the kernel's call would do.  With a deadline (a socket
+ * timeout), EINTR whatever the handler; without one, restart after an SA_RESTART handler. */
+static int interrupted(uint64_t deadline)
+{
+    if (deadline != RS_NEVER || !rs_restart_after_signal()) return -EINTR;
+    return 1;
+}
+
+int rs_sleep_fd(int fd, short events, uint64_t deadline)
+{
+    if (rs_passed(deadline)) return 0;
+    int ms = rs_ms_until(deadline);
+    if (ms < 0 || ms > 1000) ms = 1000;           /* look again now and then, whatever happens */
+    struct pollfd p = { .fd = fd, .events = events };
+    int r = rs_sys_poll(&p, 1, ms);
+    if (r == -EINTR) return interrupted(deadline);
+    if (r < 0) return r;
+    return 1;
+}
+
+int rs_nap(uint64_t ns, uint64_t deadline)
+{
+    if (rs_passed(deadline)) return 0;
+    if (deadline != RS_NEVER) {
+        uint64_t left = deadline - rs_now_ns();
+        if (left < ns) ns = left;
+    }
+    struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
+    if (nanosleep(&ts, NULL) != 0 && errno == EINTR) return interrupted(deadline);
+    return 1;
+}
+
+/* ---- rs_lock.h's slow path -------------------------------------------------------------- */
+
+void rs_lock_wait(rs_lock_t *l)
+{
+    for (int i = 0; i < 100; i++) {                   /* holders keep it for microseconds */
+        int c = 0;
+        if (__atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+        rs_relax();
+    }
+    while (__atomic_exchange_n(&l->v, 2, __ATOMIC_ACQUIRE) != 0)
+        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void rs_lock_wake(rs_lock_t *l)
+{
+    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
