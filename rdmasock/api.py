@@ -331,14 +331,14 @@ class socket(_base):
         if _socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
         cfg = config.get()
-        why = None if PRELOADED else upgrade.server_plan(self.getsockname(), addr)
+        why, decline_shm = (None, None) if PRELOADED else upgrade.server_plan(sock, self.getsockname(), addr)
         if PRELOADED:
             pass                                  # the preloaded engine handles this socket
         elif why is not None:
             sock.fallback_reason = why
             sock._log("server")
         else:
-            sock._hs = upgrade.Server(sock)
+            sock._hs = upgrade.Server(sock, decline_shm)
             # A blocking listener may wait briefly for the HELLO (the client sends it right
             # after connect); a nonblocking one (event loops) never waits here.
             wait = None if self.gettimeout() == 0 else time.monotonic() + cfg.handshake_timeout

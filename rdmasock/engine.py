@@ -133,7 +133,7 @@ def accept(lfd, fd):
         return 0
     s = AppSocket(fd)
     try:
-        why = upgrade.server_plan(s.getsockname(), s.getpeername())
+        why, decline_shm = upgrade.server_plan(s, s.getsockname(), s.getpeername())
         if why is not None:
             _log("server", s, "tcp", why)
             s.close()
@@ -141,7 +141,7 @@ def accept(lfd, fd):
     except OSError:
         s.close()
         return 0
-    return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s), "server"))
+    return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s, decline_shm), "server"))
 
 
 def drop(handle):

@@ -99,21 +99,36 @@ def plan_client(sock, family, sockaddr):
     return None, marker, reserved
 
 
-def server_plan(local, peer):
-    """After accept: will this client send a HELLO?  None if so, else the reason why not.
-    The client's own registration decides, not ours (with SO_REUSEPORT another listener may
-    hold the listener name), or RDMASOCK_PEERS for clients on other hosts."""
+def server_plan(sock, local, peer):
+    """After accept: will this client send a HELLO?  Returns (reason, decline_shm): reason
+    None if a handshake follows, else why the connection stays TCP; decline_shm, if set, is
+    the reason the handshake must not hand a segment to the client's name.  The client's
+    own registration decides, not ours (with SO_REUSEPORT another listener may hold the
+    listener name), or RDMASOCK_PEERS for clients on other hosts."""
     cfg = config.get()
     if cfg.disabled:
-        return "disabled"
+        return "disabled", None
     if cfg.excluded(local[0], local[1]):
-        return "excluded"
+        return "excluded", None
     if "shm" not in cfg.transports and "rdma" not in cfg.transports:
-        return "no_common_transport"
+        return "no_common_transport", None
     status, _detail = rendezvous.client_status(peer, local)
     if status == "ok" or cfg.listed_peer(peer[0], local[1]):
-        return None
-    return "peer_unverified" if status == "unverified" else "peer_not_rdmasock"
+        return None, None
+    why = "peer_unverified" if status == "unverified" else "peer_not_rdmasock"
+    if _hello_waiting(sock):
+        # An rdmasock client whose name is gone (it closed the connection before we
+        # accepted it) or is not its own: its HELLO is answered, so that no handshake byte
+        # reaches the program; no segment goes to a name we cannot trust.
+        return None, why
+    return why, None
+
+
+def _hello_waiting(sock):
+    try:
+        return _recv(sock, len(hs.MAGIC), _s.MSG_PEEK) == hs.MAGIC
+    except OSError:
+        return False
 
 
 def release(conn):
@@ -337,6 +352,10 @@ class Client(_Side):
 class Server(_Side):
     """Server side: never sends first; answers a HELLO with ACCEPT or DECLINE."""
 
+    def __init__(self, sock, decline_shm=None):
+        super().__init__(sock)
+        self.decline_shm = decline_shm      # reason not to offer shm (server_plan)
+
     def step(self, deadline):
         msg = self.read((hs.OP_HELLO,), deadline)
         if msg is None:
@@ -360,7 +379,9 @@ class Server(_Side):
             reply.reason = reasons.CODE_BY_NAME["version_mismatch"]
             return Outcome("tcp", "version_mismatch")
         reason = "no_common_transport"
-        if hello.transports & hs.T_SHM and "shm" in cfg.transports:
+        if hello.transports & hs.T_SHM and self.decline_shm:
+            reason = self.decline_shm
+        elif hello.transports & hs.T_SHM and "shm" in cfg.transports:
             outcome = self._choose_shm(hello, reply)
             if outcome.conn is not None:
                 return outcome

@@ -131,6 +131,14 @@ void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
     RS_SET(c->err, err);
 }
 
+/* The peer reset the connection.  TCP reports that once (ECONNRESET), to whichever call
+ * comes first; after it, reads see the end of the stream and writes EPIPE.  Returns
+ * -ECONNRESET the first time, 0 after. */
+int rs_conn_reset_once(rs_conn *c)
+{
+    return __atomic_exchange_n(&c->reset_reported, 1, __ATOMIC_ACQ_REL) ? 0 : -ECONNRESET;
+}
+
 /* recvfrom(2) for the control plane: Python's socket.recv waits for the socket's timeout
  * before honouring MSG_DONTWAIT, which the handshake reader must not do. */
 long rs_fd_recv(int fd, void *buf, size_t n, int flags)

@@ -84,6 +84,7 @@ struct rs_conn {
     uint8_t  fb;              /* rdma failed mid-stream: set once, by whichever side noticed */
     uint8_t  fb_done;         /* both directions plain TCP: the kernel socket tells readiness */
     uint8_t  err_claimed;
+    uint8_t  reset_reported;  /* the peer's reset was reported (rs_conn_reset_once) */
     char     errmsg[RS_ERRMSG_LEN];
 
     /* memory owned by this connection: the shm mapping, or the rdma rings and words */
@@ -139,6 +140,7 @@ void     rs_tx_flush_bell(rs_conn *c);
 int      rs_tx_writable(rs_conn *c);
 int      rs_tx_writable_locked(rs_conn *c);
 int      rs_tx_unread_at_peer(rs_conn *c);
+int      rs_conn_reset_once(rs_conn *c);
 
 /* rs_consume.c */
 ssize_t  rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);

@@ -345,7 +345,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             break;
         }
         /* After shutdown(SHUT_RD) a read takes what is there and never waits (Linux TCP). */
-        if (c->rx.peer_reset) { r = got ? (ssize_t)got : -ECONNRESET; break; }
+        if (c->rx.peer_reset) { r = got ? (ssize_t)got : rs_conn_reset_once(c); break; }
         if (c->rx.fin_seen || c->rx.shut_rd) { r = (ssize_t)got; break; }
         if (RS_GET(c->err)) { r = got ? (ssize_t)got : -RS_GET(c->err); break; }
         if (RS_GET(c->fb) && !c->rx.cur_len) {
@@ -361,11 +361,11 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
             rs_unlock(&c->rx.lock);
             if (got) return (ssize_t)got;
-            if (c->rx.fin_seen) return c->rx.peer_reset ? -ECONNRESET : 0;
+            if (c->rx.fin_seen) return c->rx.peer_reset ? rs_conn_reset_once(c) : 0;
             /* No FIN record: the peer died, or a forked holder closed it last.  TCP shows
              * that as the end of the stream, unless the peer left data of ours unread:
              * then as a reset. */
-            return rs_tx_unread_at_peer(c) ? -ECONNRESET : 0;
+            return rs_tx_unread_at_peer(c) ? rs_conn_reset_once(c) : 0;
         }
         if (!nonblock && fruitless <= 2 && !rs_passed(deadline)) {
             rs_unlock(&c->rx.lock);

@@ -51,12 +51,15 @@ static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32
     c->tx.records++;
 }
 
-/* The peer closed its socket: EPIPE, unless its transport failed first and said so. */
+/* The peer closed its socket: EPIPE, unless its transport failed first and said so, or
+ * it reset the connection and nobody was told yet (ECONNRESET, once). */
 static int peer_gone(rs_conn *c)
 {
     if (c->rdma && !RS_GET(c->err)) rs_rdma_check_peer(c);     /* its failure byte: it went on by TCP */
     if (RS_GET(c->fb) && !RS_GET(c->err)) return -EAGAIN;       /* a RESYNC frame came first: rs_send goes on by TCP */
-    return RS_GET(c->err) ? -RS_GET(c->err) : -EPIPE;
+    if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (RS_GET(c->rx.peer_reset) && rs_conn_reset_once(c)) return -ECONNRESET;
+    return -EPIPE;
 }
 
 /* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */

@@ -386,25 +386,29 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
     return r;
 }
 
-/* A client's write before the server's answer: one preamble frame, under the lock so
- * another thread's SWITCH never lands inside it; waiting for room happens outside the
- * lock, so a reader thread can take the answer meanwhile.  *state is updated if the
- * handshake finished (then nothing was sent). */
-static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, int timeout, int *state)
+/* A client's writes before the server's answer travel as preamble frames, each under the
+ * lock so another thread's SWITCH never lands inside one; waiting for room happens outside
+ * the lock, so a reader thread can take the answer meanwhile.  A blocking call goes on
+ * until all is sent or its deadline passes, as a TCP send does.  Returns the bytes sent;
+ * *state is updated if the handshake finished meanwhile (the caller sends the rest). */
+static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, uint64_t deadline, int *state)
 {
-    uint64_t deadline = rs_deadline(timeout);
-    for (;;) {
+    size_t sent = 0;
+    int nonblock = deadline != RS_NEVER && rs_passed(deadline);
+    while (sent < n) {
         pthread_mutex_lock(&s->lock);
         int st = s->state;
-        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, buf, n, 1, 0) : 0;
+        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0) : 0;
         pthread_mutex_unlock(&s->lock);
-        if (st != RS_CLIENT_HS) { *state = st; return 0; }
-        if (r != -EAGAIN && r != -EINTR) return r;
-        if (rs_passed(deadline)) return -EAGAIN;
+        if (st != RS_CLIENT_HS) { *state = st; break; }
+        if (r > 0) { sent += (size_t)r; continue; }
+        if (r != -EAGAIN && r != -EINTR) return sent ? (ssize_t)sent : r;
+        if (nonblock || rs_passed(deadline)) return sent ? (ssize_t)sent : -EAGAIN;
         int w = rs_sleep_fd(s->fd, POLLOUT | POLLIN, rs_earlier(deadline, rs_deadline(50)));
-        if (w < 0) return w;
-        if (rs_sock_step(s, 0)) { *state = rs_sock_state(s); return 0; }
+        if (w < 0) return sent ? (ssize_t)sent : w;
+        if (rs_sock_step(s, 0)) { *state = rs_sock_state(s); break; }
     }
+    return (ssize_t)sent;
 }
 
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)
@@ -416,11 +420,23 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
     if (st < 0) return st;
     if (st == RS_BROKEN) return -RS_GET(s->err);
     if (timeout > 0) timeout = rs_ms_until(deadline);    /* what the handshake left of it */
-    ssize_t r = 0;
-    if (st == RS_CLIENT_HS) r = send_preamble(s, buf, n, timeout, &st);
+    ssize_t r = 0, pre = 0;
+    if (st == RS_CLIENT_HS) {
+        r = pre = send_preamble(s, buf, n, deadline, &st);
+        /* The handshake may have ended partway: the rest goes into the ring; after a
+         * fallback or failure the count so far is the answer (the next call goes on). */
+        if (r < 0 || (size_t)r == n || st != RS_RING) {
+            if (r == 0 && st == RS_BROKEN) return -RS_GET(s->err);
+            if (r == 0 && st != RS_CLIENT_HS && st != RS_RING) { *plain = 1; return 0; }
+            st = RS_CLIENT_HS;
+        } else if (timeout > 0) {
+            timeout = rs_ms_until(deadline);
+        }
+    }
     if (st == RS_BROKEN) return -RS_GET(s->err);
     if (st == RS_RING) {
-        r = rs_send(s->conn, buf, n, timeout == 0, timeout);
+        r = rs_send(s->conn, (const uint8_t *)buf + pre, n - (size_t)pre, timeout == 0, timeout);
+        if (pre) r = r < 0 ? pre : r + pre;
         if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
     } else if (st != RS_CLIENT_HS) {
         *plain = 1;

@@ -13,7 +13,7 @@ import pytest
 
 import rdmasock
 from rdmasock import handshake as hs, rendezvous
-from conftest import recv_exact, wait_for
+from conftest import recv_all, recv_exact, wait_for
 
 
 def test_peer_sigkilled_mid_stream_reader_sees_error(peers):
@@ -126,6 +126,21 @@ def test_garbage_reply_gives_client_clear_error():
         c.recv(10)
     assert ei.value.errno == errno.EPROTO
     for x in (c, s, ls, lmarker):
+        x.close()
+
+
+def test_client_gone_before_accept_leaves_no_handshake_bytes():
+    """A client that connects, writes and closes before the server accepts: its name is
+    gone by then, but its HELLO is on the stream.  The server answers it, and the program
+    reads exactly what the client wrote, then the end."""
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c = rdmasock.create_connection(srv.getsockname())
+    c.sendall(b"written before accept")
+    c.close()
+    s, _ = srv.accept()
+    assert recv_all(s, timeout=10) == b"written before accept"
+    assert s.transport == "tcp" and s.fallback_reason == "peer_not_rdmasock"
+    for x in (s, srv):
         x.close()
 
 

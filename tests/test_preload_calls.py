@@ -109,6 +109,9 @@ CHECKS = {
         fork_conn_after_parent_close fork_no_eof_while_child_open fork_eof_after_child_close
         exec_before_c exec_no_internal_fds_c exec_conn_still_works_c exec_eof_after_peer_close
         epoll_before_connect
+        sa_restart_recv_restarted no_restart_recv_eintr recv_after_eintr sa_restart_rcvtimeo_eintr
+        recv_after_timeo_eintr rcvtimeo_eagain rcvtimeo_fresh_eagain sndtimeo_partial sndtimeo_again
+        linger0_econnreset linger0_then_eof unread_close_econnreset unread_close_then_eof
     """.split(),
 }
 ROLE_OF = {name: role for role, names in CHECKS.items() for name in names}
@@ -160,7 +163,7 @@ def _binary(workdir, build):
         if not shutil.which("gcc"):
             pytest.fail("gcc is needed to build tests/c/preload_calls.c", pytrace=False)
         out = os.path.join(workdir, "preload_calls_" + build)
-        cmd = ["gcc", "-std=gnu11", "-Wall", *BUILDS[build], SRC, "-o", out]
+        cmd = ["gcc", "-std=gnu11", "-Wall", *BUILDS[build], SRC, "-o", out, "-lpthread"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             pytest.fail("compiling preload_calls.c (%s) failed:\n%s" % (build, p.stderr[-4000:]), pytrace=False)
@@ -339,7 +342,9 @@ def test_transport(scenario, workdir):
         m = re.search(r"role=(\w+) local=(\S+) peer=(\S+) transport=(\w+)", line)
         if m:
             recs.append(dict(role=m.group(1), local=m.group(2), peer=m.group(3), transport=m.group(4), line=line))
-    conns = [(t, p) for t, p in r.conns if t != "unused"]    # "unused": the server never reads (see its bug)
+    # "unused" and "timeo_fresh": the server never calls into the accepted socket, so the
+    # lazy handshake never completes and no side logs a transport for that connection
+    conns = [(t, p) for t, p in r.conns if t not in ("unused", "timeo_fresh")]
     assert len(conns) >= 20, "too few connections reported by the client:\n" + r.dump()
 
     def port_of(addr):

@@ -142,3 +142,42 @@ def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):
         assert "transport=tcp reason=shm_unavailable" in open(log).read()
     finally:
         _stop(srv)
+
+
+
+SYS_PY = "/usr/bin/python3"
+ONE_CONNECTION = [SYS_PY, "-c", "import socket; s = socket.create_server(('127.0.0.1', 0)); "
+                  "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b'x'); "
+                  "print(a.recv(1).decode())"]
+
+
+@pytest.mark.parametrize("writer", ["engine", "library"])
+def test_log_file_is_private_and_never_followed(cbin, tmp_path, writer):
+    """RDMASOCK_LOG_FILE is created 0600 and a symbolic link planted at its path is not
+    followed: the file it points to stays untouched and the program runs on, its output
+    intact.  Both writers: the engine (connection lines, a program connecting to itself)
+    and the C library (its one engine=unavailable line, from a foreign Python host)."""
+
+    def run_once(log_path):
+        env = dict(os.environ, RDMASOCK_LOG_FILE=str(log_path))
+        if writer == "engine":
+            return subprocess.run(RUN + ONE_CONNECTION, env=env, capture_output=True, timeout=60)
+        port = _free_port()
+        srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(str(tmp_path / "srv.log")))
+        try:
+            return subprocess.run(RUN + [cbin["foreign"], str(port)], env=env, capture_output=True, timeout=60)
+        finally:
+            _stop(srv)
+
+    expected = b"x\n" if writer == "engine" else b"ping\n"
+    log = tmp_path / "fresh.log"
+    r = run_once(log)
+    assert r.returncode == 0 and not r.stderr and r.stdout == expected, r
+    assert log.stat().st_size > 0 and (log.stat().st_mode & 0o777) == 0o600
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    link = tmp_path / "planted.log"
+    link.symlink_to(victim)
+    r2 = run_once(link)
+    assert r2.returncode == 0 and not r2.stderr and r2.stdout == expected, r2
+    assert victim.read_bytes() == b"untouched"

@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -2011,6 +2012,199 @@ static void chk_client(void)
     close(fd);
 }
 
+
+/* ---- signals, timeouts and resets: what the kernel does ---------------------------------- */
+static volatile sig_atomic_t g_usr1;
+static void on_usr1(int sig) { (void)sig; g_usr1++; }
+
+struct kicker { pthread_t target; int after_ms; };
+static void *kick(void *arg)
+{
+    struct kicker *k = arg;
+    sleep_ms(k->after_ms);
+    pthread_kill(k->target, SIGUSR1);
+    return NULL;
+}
+
+/* One-byte recv on fd while SIGUSR1 (handler flags sa_flags) arrives after DELAY_MS. */
+static ssize_t recv_signalled(int fd, int sa_flags, char *c, int *e, long long *dt)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = sa_flags;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    g_usr1 = 0;
+    struct kicker k = { pthread_self(), DELAY_MS };
+    pthread_t t;
+    if (pthread_create(&t, NULL, kick, &k)) die("pthread_create");
+    long long t0 = now_ms();
+    ssize_t r = recv(fd, c, 1, 0);
+    *e = errno;
+    *dt = now_ms() - t0;
+    pthread_join(t, NULL);
+    return r;
+}
+
+static void set_timeo(int fd, int opt, int ms)
+{
+    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    if (setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof tv) < 0) die("setsockopt timeo");
+}
+
+/* The server sends one byte ('a' + i) 4 * DELAY_MS after each "go<i>". */
+static void signals_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    static const char *go[3] = { "go1", "go2", "go3" };
+    for (int i = 0; i < 3; i++) {
+        ctl_need(go[i], NULL);
+        sleep_ms(4 * DELAY_MS);
+        char c = (char)('a' + i);
+        if (wr_all(fd, &c, 1) != 1) report(0, "signals_send", "errno=%d", errno);
+    }
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void signals_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    char c = 0;
+    int e;
+    long long dt;
+    /* SA_RESTART and no timeout: the kernel restarts the recv, which gets the byte */
+    ctl_send("go1", 0);
+    ssize_t r = recv_signalled(fd, SA_RESTART, &c, &e, &dt);
+    CHECK("sa_restart_recv_restarted", r == 1 && c == 'a' && g_usr1 == 1,
+          "recv returned %zd errno=%d (%s) byte %#x, handler ran %d time(s)", r, e, strerror(e), c, (int)g_usr1);
+    /* no SA_RESTART: EINTR at the signal, and the byte is still there afterwards */
+    ctl_send("go2", 0);
+    r = recv_signalled(fd, 0, &c, &e, &dt);
+    CHECK("no_restart_recv_eintr", r < 0 && e == EINTR && dt < 4 * DELAY_MS,
+          "recv returned %zd errno=%d (%s) after %lld ms", r, e, strerror(e), dt);
+    r = recv(fd, &c, 1, 0);
+    CHECK("recv_after_eintr", r == 1 && c == 'b', "recv returned %zd errno=%d byte %#x", r, errno, c);
+    /* SA_RESTART but SO_RCVTIMEO set: never restarted (signal(7)) */
+    set_timeo(fd, SO_RCVTIMEO, 3000);
+    ctl_send("go3", 0);
+    r = recv_signalled(fd, SA_RESTART, &c, &e, &dt);
+    CHECK("sa_restart_rcvtimeo_eintr", r < 0 && e == EINTR && dt < 4 * DELAY_MS,
+          "recv returned %zd errno=%d (%s) after %lld ms", r, e, strerror(e), dt);
+    r = recv(fd, &c, 1, 0);
+    CHECK("recv_after_timeo_eintr", r == 1 && c == 'c', "recv returned %zd errno=%d byte %#x", r, errno, c);
+    /* SO_RCVTIMEO with nothing coming: EAGAIN after the timeout */
+    set_timeo(fd, SO_RCVTIMEO, 3 * DELAY_MS);
+    long long t0 = now_ms();
+    r = recv(fd, &c, 1, 0);
+    e = errno;
+    dt = now_ms() - t0;
+    CHECK("rcvtimeo_eagain", r < 0 && e == EAGAIN && dt >= 3 * DELAY_MS - 20 && dt < 3 * DELAY_MS + 1500,
+          "recv returned %zd errno=%d (%s) after %lld ms (timeout %d ms)", r, e, strerror(e), dt, 3 * DELAY_MS);
+    signal(SIGUSR1, SIG_DFL);
+    ctl_send("done", 0);
+    close(fd);
+}
+
+/* SO_RCVTIMEO on a connection whose handshake the server never finishes (it accepts and
+ * does nothing): the client's first recv ends with EAGAIN at its timeout. */
+static void timeo_fresh_server(void)
+{
+    int fd = server_accept(ACC_PLAIN);
+    if (fd < 0) return;
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void timeo_fresh_client(void)
+{
+    int fd = client_connect();
+    if (fd < 0) return;
+    set_timeo(fd, SO_RCVTIMEO, 3 * DELAY_MS);
+    char c;
+    long long t0 = now_ms();
+    ssize_t r = recv(fd, &c, 1, 0);
+    int e = errno;
+    long long dt = now_ms() - t0;
+    CHECK("rcvtimeo_fresh_eagain", r < 0 && e == EAGAIN && dt >= 3 * DELAY_MS - 20 && dt < 3 * DELAY_MS + 1500,
+          "recv returned %zd errno=%d (%s) after %lld ms (timeout %d ms)", r, e, strerror(e), dt, 3 * DELAY_MS);
+    /* SO_SNDTIMEO with the server reading nothing: a blocking send of more than the
+     * connection holds returns what went out at its timeout */
+    set_timeo(fd, SO_SNDTIMEO, 3 * DELAY_MS);
+    size_t big = 32u << 20;
+    char *b = calloc(1, big);
+    if (!b) die("calloc");
+    t0 = now_ms();
+    r = send(fd, b, big, MSG_NOSIGNAL);
+    e = errno;
+    dt = now_ms() - t0;
+    CHECK("sndtimeo_partial", r > 0 && (size_t)r < big && dt >= 3 * DELAY_MS - 20 && dt < 3 * DELAY_MS + 1500,
+          "send returned %zd errno=%d (%s) after %lld ms", r, e, strerror(e), dt);
+    t0 = now_ms();
+    r = send(fd, b, big, MSG_NOSIGNAL);
+    e = errno;
+    dt = now_ms() - t0;
+    /* the kernel may have grown its buffers meanwhile: a short count or EAGAIN, at the timeout */
+    CHECK("sndtimeo_again", ((r < 0 && e == EAGAIN) || (r > 0 && (size_t)r < big)) &&
+          dt >= 3 * DELAY_MS - 20 && dt < 3 * DELAY_MS + 1500,
+          "send returned %zd errno=%d (%s) after %lld ms", r, e, strerror(e), dt);
+    free(b);
+    ctl_send("done", 0);
+    close(fd);
+}
+
+/* A peer that closes abortively: SO_LINGER {1, 0}, or close() with data it has not read.
+ * Either way TCP resets the connection: recv gives ECONNRESET once, then 0. */
+static void reset_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    struct linger lg = { 1, 0 };
+    if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) < 0) die("SO_LINGER");
+    ctl_need("ready", NULL);
+    close(fd);
+    ctl_send("closed", 0);
+    fd = server_accept_warm();
+    if (fd < 0) return;
+    ctl_need("sent", NULL);
+    sleep_ms(DELAY_MS);                        /* the client's bytes are here, unread */
+    close(fd);
+    ctl_send("closed2", 0);
+    ctl_need("done", NULL);
+}
+
+static void reset_after(int fd, const char *name, const char *name_after)
+{
+    char c;
+    sleep_ms(DELAY_MS);                        /* the reset travels */
+    ssize_t r = recv(fd, &c, 1, 0);
+    int e = errno;
+    CHECK(name, r < 0 && e == ECONNRESET, "recv returned %zd errno=%d (%s)", r, e, strerror(e));
+    r = recv(fd, &c, 1, 0);
+    e = errno;
+    CHECK(name_after, r == 0, "second recv returned %zd errno=%d (%s)", r, e, strerror(e));
+    close(fd);
+}
+
+static void reset_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    ctl_send("ready", 0);
+    ctl_need("closed", NULL);
+    reset_after(fd, "linger0_econnreset", "linger0_then_eof");
+    fd = client_connect_warm();
+    if (fd < 0) return;
+    if (wr_all(fd, "unread", 6) != 6) report(0, "reset_send", "errno=%d", errno);
+    ctl_send("sent", 0);
+    ctl_need("closed2", NULL);
+    reset_after(fd, "unread_close_econnreset", "unread_close_then_eof");
+    ctl_send("done", 0);
+}
+
 /* ======================================================================================== */
 
 struct test {
@@ -2044,6 +2238,9 @@ static const struct test tests[] = {
     { "chk", chk_server, chk_client },
     { "fork", fork_server, fork_client },
     { "exec", exec_server, exec_client },
+    { "signals", signals_server, signals_client },
+    { "timeo_fresh", timeo_fresh_server, timeo_fresh_client },
+    { "reset", reset_server, reset_client },
 };
 #define NTESTS ((int)(sizeof tests / sizeof tests[0]))
 

@@ -1,0 +1,61 @@
+"""A Python program under the preload library behaves as it does on kernel sockets:
+SO_RCVTIMEO on a blocking socket, settimeout, a signal during a blocking recv (PEP 475
+retries it), a peer's reset.  tests/python_sockcalls.py runs plain and preloaded (both
+ends); the outcomes must be the same."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROG = os.path.join(HERE, "python_sockcalls.py")
+RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
+SYS_PY = "/usr/bin/python3"
+
+
+def _run(preload, tmp_path):
+    pre = RUN if preload else []
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / ("log-%d" % preload)))
+    srv = subprocess.Popen(pre + [SYS_PY, PROG, "server"], stdout=subprocess.PIPE, env=env)
+    try:
+        line = srv.stdout.readline().split()
+        assert line and line[0] == b"port", line
+        r = subprocess.run(pre + [SYS_PY, PROG, "client", line[1].decode()], capture_output=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        srv.wait(30)
+        return json.loads(r.stdout), open(env["RDMASOCK_LOG_FILE"]).read() if preload else ""
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(10)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pycalls")
+    return _run(False, d)[0], _run(True, d)
+
+
+def _without_time(o):
+    return {case: {k: v for k, v in res.items() if k != "ms"} for case, res in o.items()}
+
+
+def test_connections_were_upgraded(outcomes):
+    _, (_, log) = outcomes
+    assert log.count("role=client") == 5 and log.count("transport=shm") == 10, log
+
+
+def test_same_outcomes_as_kernel_sockets(outcomes):
+    plain, (preloaded, _) = outcomes
+    assert _without_time(preloaded) == _without_time(plain)
+    assert plain["so_rcvtimeo"]["errno"] == 11 and plain["reset"]["errno"] == 104
+
+
+@pytest.mark.parametrize("case", ["so_rcvtimeo", "settimeout"])
+def test_timeouts_are_kept(outcomes, case):
+    plain, (preloaded, _) = outcomes
+    for o in (plain, preloaded):
+        assert 250 <= o[case]["ms"] < 1500, o[case]
