@@ -383,7 +383,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         if (ready && fruitless <= 2) continue;
         rs_unlock(&c->rx.lock);
         /* never with the lock: others may read */
-        int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline) : rs_wait_fd(c, rs_ms_until(deadline));
+        int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline, got > 0) : rs_wait_fd(c, rs_ms_until(deadline));
         if (w == -EINTR) return got ? (ssize_t)got : -EINTR;
         if (!ready) fruitless = 0;                      /* woken: worth a spin again */
         rs_lock(&c->rx.lock);

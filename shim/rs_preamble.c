@@ -205,7 +205,7 @@ ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
                 rs_conn_set_error(c, EPROTO, "rdmasock: truncated preamble frame header");
                 return -EPROTO;
             }
-            int w = rs_nap((uint64_t)nap_us * 1000u, deadline);
+            int w = rs_nap((uint64_t)nap_us * 1000u, deadline, 0);
             if (w <= 0) return w == 0 ? -EAGAIN : w;
             if (nap_us < 1000) nap_us *= 2;
             continue;

@@ -66,7 +66,7 @@ static int peer_gone(rs_conn *c)
 #define RS_KEEP_WHOLE 512u
 
 /* Blocks until `need` bytes of credit are free, the deadline passes or the peer is gone. */
-static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline)
+static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline, int progress)
 {
     rs_tx_flush_bell(c);                        /* the consumer must know there is data */
     uint64_t spin_start = rs_now_ns(), spin_end = spin_start + c->spin_ns;
@@ -88,7 +88,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline)
          * the socket's data (its readiness belongs to the receiver): short, growing naps,
          * without the lock (another sender, poll or close may go on meanwhile). */
         rs_unlock(&c->tx.lock);
-        int w = rs_nap((uint64_t)backoff_us * 1000u, deadline);
+        int w = rs_nap((uint64_t)backoff_us * 1000u, deadline, progress);
         rs_lock(&c->tx.lock);
         if (w < 0) return w;
         if (backoff_us < 1000) backoff_us *= 2;
@@ -150,7 +150,7 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
                 if (!sent && rs_peer_gone(c)) return peer_gone(c);
                 break;
             }
-            int r = wait_credit(c, need, deadline);
+            int r = wait_credit(c, need, deadline, sent > 0);
             if (RS_GET(c->fb)) break;                   /* sent so far is in the resend; rs_send goes on */
             if (r < 0) {
                 if (sent) break;

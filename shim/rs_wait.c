@@ -6,6 +6,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 #include "rs_lock.h"
 #include "rs_wait.h"
@@ -59,15 +60,37 @@ int rs_sleep_fd(int fd, short events, uint64_t deadline)
     return 1;
 }
 
-int rs_nap(uint64_t ns, uint64_t deadline)
+/* An untimed nap with nothing transferred yet is a blocking read of a one-shot timer: a
+ * signal then ends it by the kernel's own rule for the very signal that came (restarted
+ * after an SA_RESTART handler, EINTR otherwise), which no poll or nanosleep can tell. */
+static int nap_restartable(uint64_t ns)
+{
+    int tfd = (int)syscall(SYS_timerfd_create, CLOCK_MONOTONIC, TFD_CLOEXEC);
+    if (tfd < 0) return 0;                         /* out of descriptors: the approximation */
+    struct itimerspec its = { { 0, 0 }, { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) } };
+    long r = syscall(SYS_timerfd_settime, tfd, 0, &its, NULL);
+    uint64_t ticks;
+    if (r == 0) r = syscall(SYS_read, tfd, &ticks, sizeof ticks);
+    int e = errno;
+    syscall(SYS_close, tfd);
+    return r < 0 && e == EINTR ? -EINTR : 1;
+}
+
+int rs_nap(uint64_t ns, uint64_t deadline, int progress)
 {
     if (rs_passed(deadline)) return 0;
     if (deadline != RS_NEVER) {
         uint64_t left = deadline - rs_now_ns();
         if (left < ns) ns = left;
     }
+    /* With a timeout, or once bytes moved, any handled signal ends the call (signal(7);
+     * TCP returns the short count): a nanosleep's EINTR says exactly that. */
+    if (deadline == RS_NEVER && !progress) {
+        int r = nap_restartable(ns);
+        if (r) return r;
+    }
     struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
-    if (nanosleep(&ts, NULL) != 0 && errno == EINTR) return interrupted(deadline);
+    if (nanosleep(&ts, NULL) != 0 && errno == EINTR) return progress ? -EINTR : interrupted(deadline);
     return 1;
 }
 

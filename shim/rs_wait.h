@@ -50,6 +50,8 @@ int rs_restart_after_signal(void);
  * again), 0 (deadline passed), -EINTR (a signal the kernel would not restart for), or
  * another -errno.  A poll, so not for a sleep with exact restart rules (rs_wait_fd). */
 int rs_sleep_fd(int fd, short events, uint64_t deadline);
-/* A short nap (up to ns) that respects the deadline and the same signal rules. */
-int rs_nap(uint64_t ns, uint64_t deadline);
+/* A short nap (up to ns) that respects the deadline and the kernel's signal rules: with a
+ * deadline or `progress` (bytes already moved by this call) any handled signal gives
+ * -EINTR; otherwise a signal whose handler has SA_RESTART does not end it. */
+int rs_nap(uint64_t ns, uint64_t deadline, int progress);
 #endif

@@ -91,6 +91,7 @@ CHECKS = {
         chk_ppoll_pollout_when_full chk_poll_pollout_when_full chk_ppoll_pollout_after_drain chk_full_data
         fork_parent_close fork_child_io fork_child_close fork_child_exit
         exec_before exec_no_internal_fds_s exec_conn_still_works_s
+        sendsig_stream_intact_1 sendsig_stream_intact_2
     """.split(),
     "client": """
         connect_blocking write_c2s read_s2c close_c
@@ -111,6 +112,7 @@ CHECKS = {
         epoll_before_connect
         sa_restart_recv_restarted no_restart_recv_eintr recv_after_eintr sa_restart_rcvtimeo_eintr
         recv_after_timeo_eintr rcvtimeo_eagain rcvtimeo_fresh_eagain sndtimeo_partial sndtimeo_again
+        sa_restart_send_restarted no_restart_send_eintr
         linger0_econnreset linger0_then_eof unread_close_econnreset unread_close_then_eof
     """.split(),
 }

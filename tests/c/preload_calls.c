@@ -2109,6 +2109,93 @@ static void signals_client(void)
     close(fd);
 }
 
+/* A blocking send that finds the connection already full and sends nothing before a
+ * signal: restarted if the handler that ran has SA_RESTART (even while another caught
+ * signal's handler lacks it), EINTR if it does not.  The server drains each round
+ * 4 * DELAY_MS after "full<i>". */
+static void sendsig_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    static const char *full[2] = { "full1", "full2" };
+    uint8_t *b = malloc(1 << 16);
+    if (!b) die("malloc");
+    size_t off = 0;
+    for (int i = 0; i < 2; i++) {
+        unsigned long long n;
+        ctl_need(full[i], &n);
+        sleep_ms(4 * DELAY_MS);
+        size_t got = 0;
+        long bad = -1;
+        while (got < n) {
+            ssize_t r = read(fd, b, n - got < (1 << 16) ? n - got : (1 << 16));
+            if (r <= 0) break;
+            long m = mismatch(b, (size_t)r, 110, off);
+            if (m >= 0 && bad < 0) bad = (long)got + m;
+            got += (size_t)r;
+            off += (size_t)r;
+        }
+        CHECK(i ? "sendsig_stream_intact_2" : "sendsig_stream_intact_1", got == n && bad < 0,
+              "read %zu of %llu bytes, first difference at %ld", got, n, bad);
+    }
+    free(b);
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void on_usr2(int sig) { (void)sig; }
+
+static void sendsig_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    for (int round = 0; round < 2; round++) {
+        size_t off0 = 0, off;
+        set_nonblock(fd, 1);
+        static size_t stream_off;
+        off = stream_off;
+        off0 = off;
+        size_t filled = fill_until_full(fd, &off);
+        set_nonblock(fd, 0);
+        /* the next byte of the pattern stream, sent blocking into the full connection */
+        uint8_t next;
+        fill(&next, 1, 110, off);
+        sa.sa_handler = on_usr1;
+        sa.sa_flags = round == 0 ? SA_RESTART : 0;
+        sigaction(SIGUSR1, &sa, NULL);
+        sa.sa_handler = on_usr2;
+        sa.sa_flags = 0;                           /* caught, never sent: must not matter */
+        sigaction(SIGUSR2, &sa, NULL);
+        g_usr1 = 0;
+        ctl_send(round == 0 ? "full1" : "full2", (unsigned long long)(off - off0 + 1));
+        struct kicker k = { pthread_self(), DELAY_MS };
+        pthread_t t;
+        if (pthread_create(&t, NULL, kick, &k)) die("pthread_create");
+        long long t0 = now_ms();
+        ssize_t r = send(fd, &next, 1, MSG_NOSIGNAL);
+        int e = errno;
+        long long dt = now_ms() - t0;
+        pthread_join(t, NULL);
+        if (round == 0) {
+            CHECK("sa_restart_send_restarted", filled > 0 && r == 1 && g_usr1 == 1 && dt >= 3 * DELAY_MS,
+                  "filled %zu, send returned %zd errno=%d (%s) after %lld ms, handler ran %d time(s)",
+                  filled, r, e, strerror(e), dt, (int)g_usr1);
+        } else {
+            CHECK("no_restart_send_eintr", filled > 0 && r < 0 && e == EINTR && dt < 4 * DELAY_MS,
+                  "filled %zu, send returned %zd errno=%d (%s) after %lld ms", filled, r, e, strerror(e), dt);
+            if (r < 0) r = send(fd, &next, 1, MSG_NOSIGNAL);     /* the byte the server counts on */
+        }
+        stream_off = off + (r == 1 ? 1 : 0);
+    }
+    signal(SIGUSR1, SIG_DFL);
+    signal(SIGUSR2, SIG_DFL);
+    ctl_send("done", 0);
+    close(fd);
+}
+
 /* SO_RCVTIMEO on a connection whose handshake the server never finishes (it accepts and
  * does nothing): the client's first recv ends with EAGAIN at its timeout. */
 static void timeo_fresh_server(void)
@@ -2239,6 +2326,7 @@ static const struct test tests[] = {
     { "fork", fork_server, fork_client },
     { "exec", exec_server, exec_client },
     { "signals", signals_server, signals_client },
+    { "sendsig", sendsig_server, sendsig_client },
     { "timeo_fresh", timeo_fresh_server, timeo_fresh_client },
     { "reset", reset_server, reset_client },
 };
