@@ -50,6 +50,7 @@ typedef struct rs_conn {
     int err;
     uint8_t tcp_eof;
     uint8_t fb;
+    uint8_t fb_reason;
     uint8_t fb_done;
     uint64_t bells_sent;
     struct rs_tx tx;
@@ -63,6 +64,7 @@ struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
+void rs_quiesce_bells(rs_conn *c);
 long rs_fd_recv(int fd, void *buf, size_t n, int flags);
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_send_fin(rs_conn *c);

@@ -12,7 +12,7 @@ import socket as _socket
 import threading
 import time
 
-from . import config, handshake as hs, log, rendezvous, upgrade
+from . import config, handshake as hs, log, reasons, rendezvous, upgrade
 from ._native import ffi, lib
 
 _base = _socket.socket
@@ -77,10 +77,10 @@ class socket(_base):
             except OSError:
                 pass
         c = self._conn
-        if c is not None and c.fb and self._transport == "rdma":
-            # RDMA failed mid-stream and the connection went on over TCP (shim/rs_fallback.c)
-            why = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")
-            self._transport, self._reason = "tcp", "rdma_failed"
+        if c is not None and c.fb and self._transport != "tcp":
+            # the ring went on over TCP mid-stream (shim/rs_fallback.c)
+            self._reason, why = reasons.moved_to_tcp(c)
+            self._transport = "tcp"
             self._log(self._role, detail=why)
         return self._transport
 
@@ -135,9 +135,10 @@ class socket(_base):
 
     def _log(self, role, detail=None):
         try:
-            local, peer = self.getsockname(), self.getpeername()
+            local, peer = self._addrs = self.getsockname(), self.getpeername()
         except OSError:
-            local, peer = None, None
+            # a later line (the ring moved to TCP) may come after both ends closed
+            local, peer = getattr(self, "_addrs", (None, None))
         reason = self._reason if detail is None else "%s (%s)" % (self._reason, detail)
         log.connection(role, local, peer, self._transport, reason)
 
@@ -509,6 +510,7 @@ class socket(_base):
     def _real_close(self):
         c, self._conn = self._conn, None
         if c is not None:
+            lib.rs_quiesce_bells(c)     # unread doorbells would make the kernel's close a reset
             lib.rs_send_fin(c)
             upgrade.release(c)
         pre, self._rxpre = self._rxpre, None

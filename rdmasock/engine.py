@@ -211,12 +211,12 @@ def release(conn_addr):
 
 
 def fell_back(fd, role, conn_addr):
-    """An rdma connection's transport failed mid-stream and it went on over TCP."""
-    from ._native import ffi as nffi, lib as nlib
-    why = nffi.string(nlib.rs_conn_errmsg(nffi.cast("rs_conn *", conn_addr))).decode(errors="replace")
+    """A connection went on over TCP mid-stream: its RDMA transport failed, or its shm
+    ring stalled (shim/rs_fallback.c)."""
+    reason, why = reasons.moved_to_tcp(ffi.cast("rs_conn *", conn_addr))
     s = AppSocket(fd)
     try:
-        _log("client" if role == 1 else "server", s, "tcp", "rdma_failed (%s)" % why)
+        _log("client" if role == 1 else "server", s, "tcp", "%s (%s)" % (reason, why))
     finally:
         s.close()
 

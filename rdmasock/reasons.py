@@ -34,6 +34,15 @@ def name(code):
     return REASONS.get(code, ("unknown_%d" % code, ""))[0]
 
 
+def moved_to_tcp(conn):
+    """(reason name, detail) of a connection whose ring went on over TCP mid-stream
+    (shim/rs_fallback.c): rdma_failed with the failure's message, or ring_stalled."""
+    name_ = name(conn.fb_reason) if conn.fb_reason else "rdma_failed"
+    if name_ == "rdma_failed":
+        return name_, ffi.string(lib.rs_conn_errmsg(conn)).decode(errors="replace")
+    return name_, REASONS[conn.fb_reason][1]
+
+
 def describe(reason):
     code = CODE_BY_NAME.get(reason.split(":")[0])
     return REASONS[code][1] if code else reason

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include "rs_wire.h"
+#include "rs_contract.h"
 #include "rs_rdma.h"
 #include "rs_wait.h"
 #include "rs_lock.h"
@@ -29,7 +30,11 @@ struct rs_tx {
     uint64_t last_data;       /* ring position of the last data record written */
     uint64_t records;
     uint8_t  fin_sent;        /* our FIN/RESET record written: writes fail with EPIPE */
-    /* rdma fallback (rs_fallback.c) */
+    uint64_t full_stops;      /* non-blocking writes cut short by a full ring (relaxed): an
+                               * edge-triggered EPOLLOUT is due when room follows one */
+    uint64_t stall_head;      /* credit when the ring was first seen full (rs_tx_stalled) */
+    uint64_t stall_since;     /* ... and when, 0 if not full */
+    /* rdma fallback, or a stalled shm ring moved to TCP (rs_fallback.c) */
     uint8_t  fb;              /* 0 ring, 1 RESYNC frame and resend pending, 2 plain TCP */
     uint8_t  fb_shut_pending; /* FIN to send as a TCP half-close once the resend is out */
     uint8_t  fb_out_len, fb_out_sent;
@@ -81,7 +86,8 @@ struct rs_conn {
     uint32_t spin_ns;         /* busy-poll budget before sleeping in the kernel (maximum) */
     int      err;             /* sticky error (positive errno), 0 if healthy (rs_conn_set_error) */
     uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
-    uint8_t  fb;              /* rdma failed mid-stream: set once, by whichever side noticed */
+    uint8_t  fb;              /* the stream moves to TCP: set once, by whichever side noticed */
+    uint8_t  fb_reason;       /* why: RS_REASON_RDMA_FAILED or RS_REASON_RING_STALLED */
     uint8_t  fb_done;         /* both directions plain TCP: the kernel socket tells readiness */
     uint8_t  err_claimed;
     uint8_t  reset_reported;  /* the peer's reset was reported (rs_conn_reset_once) */
@@ -139,8 +145,10 @@ void     rs_shutdown_rd(rs_conn *c);
 void     rs_tx_flush_bell(rs_conn *c);
 int      rs_tx_writable(rs_conn *c);
 int      rs_tx_writable_locked(rs_conn *c);
+int      rs_tx_stalled(rs_conn *c);
 int      rs_tx_unread_at_peer(rs_conn *c);
 int      rs_conn_reset_once(rs_conn *c);
+void     rs_tx_put_moved(rs_conn *c);
 
 /* rs_consume.c */
 ssize_t  rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
@@ -177,12 +185,26 @@ int      rs_rx_nonblock_empty(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 int      rs_peer_gone(rs_conn *c);
+void     rs_quiesce_bells(rs_conn *c);
 int      rs_tx_arm_credit(rs_conn *c);
 int      rs_tx_arm_credit_locked(rs_conn *c);
 
+/* A full ring whose consumer returned no credit for this long moves the connection to
+ * TCP, which buffers far more (rs_fallback.c): two programs that both write before they
+ * read then go on as they would over TCP instead of waiting for each other forever. */
+#define RS_STALL_NS 500000000ull
+
+/* 1 once this side's receive direction reads the TCP socket: after an rdma failure at
+ * once, after a move only from the peer's MOVED record on. */
+static inline int rs_rx_on_tcp(rs_conn *c)
+{
+    return c->rdma ? RS_GET(c->fb) : __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) != 0;
+}
+
 /* rs_fallback.c */
-void     rs_fb_begin(rs_conn *c);
+void     rs_fb_begin(rs_conn *c, int reason);
 void     rs_fb_kick(rs_conn *c);
+void     rs_fb_rx_moved(rs_conn *c);
 ssize_t  rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 ssize_t  rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 int      rs_fb_rx_ready(rs_conn *c);

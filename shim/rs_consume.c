@@ -47,7 +47,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     if (lw == 0) return 0;
     uint32_t rec;
     if (lw >= RS_LEN_CTL_MIN) {
-        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN && lw != RS_LEN_RESET) {
+        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN && lw != RS_LEN_RESET && lw != RS_LEN_MOVED) {
             if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: unknown control code 0x%08x at ring offset %u", lw, off);
             return -1;
@@ -105,13 +105,22 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
     if (c->rx.fb) return 0;                     /* the ring is done (rs_fallback.c) */
     struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     size_t got = 0;
-    int fin = 0;
+    int fin = 0, moved = 0;
     uint64_t lap_end = cur.pos + c->ring_size;
     while ((got < len || (!cur.cur_len && !peek)) && cur.pos < lap_end) {
         if (!cur.cur_len) {
             uint32_t lw;
             if (c->rx.fin_seen || check_record(c, &cur, &lw) <= 0) break;
             uint32_t off = (uint32_t)(cur.pos & c->mask);
+            if (lw == RS_LEN_MOVED) {
+                /* a peek stops before it; a take steps over it and leaves the ring */
+                if (peek) break;
+                memset(c->rx.ring + off, 0, 8);
+                cur.pos += 8;
+                cur.seq++;
+                moved = 1;
+                break;
+            }
             if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
                 if (!peek) memset(c->rx.ring + off, 0, 8);
                 cur.pos += lw == RS_LEN_WRAP ? c->ring_size - off : 8;
@@ -143,7 +152,8 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
     c->rx.bytes += got;
     if (fin) c->rx.fin_seen = 1;
     if (fin == 2) c->rx.peer_reset = 1;
-    rs_rx_publish_credit(c, 0);
+    rs_rx_publish_credit(c, moved);
+    if (moved) rs_fb_rx_moved(c);
     return got;
 }
 
@@ -157,7 +167,7 @@ int rs_rx_ready_locked(rs_conn *c)
     uint8_t dummy;
     rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
     if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err)) return 1;
-    if (RS_GET(c->fb)) return rs_fb_rx_ready(c);        /* the ring has nothing more: the socket has the rest */
+    if (rs_rx_on_tcp(c)) return rs_fb_rx_ready(c);      /* the ring has nothing more: the socket has the rest */
     return 0;
 }
 
@@ -188,7 +198,7 @@ static int rx_activity(rs_conn *c)
 {
     uint64_t pos = __atomic_load_n(&c->rx.pos, __ATOMIC_RELAXED);
     return __atomic_load_n((uint32_t *)(c->rx.ring + (pos & c->mask)), __ATOMIC_RELAXED) != 0 ||
-           __atomic_load_n(&c->fb, __ATOMIC_RELAXED) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
+           rs_rx_on_tcp(c) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
            __atomic_load_n(&c->rx.shut_rd, __ATOMIC_RELAXED);
 }
 
@@ -245,7 +255,7 @@ static ssize_t ring_available(rs_conn *c)
         uint32_t lw;
         if (check_record(c, &cur, &lw) <= 0) break;
         uint32_t step = lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(cur.pos & c->mask) : rs_rec_size(lw);
-        if (lw == RS_LEN_FIN || lw == RS_LEN_RESET) break;
+        if (lw == RS_LEN_FIN || lw == RS_LEN_RESET || lw == RS_LEN_MOVED) break;
         if (lw != RS_LEN_WRAP) total += lw;
         cur.pos += step; cur.seq++; walked += step;
     }
@@ -348,8 +358,9 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         if (c->rx.peer_reset) { r = got ? (ssize_t)got : rs_conn_reset_once(c); break; }
         if (c->rx.fin_seen || c->rx.shut_rd) { r = (ssize_t)got; break; }
         if (RS_GET(c->err)) { r = got ? (ssize_t)got : -RS_GET(c->err); break; }
-        if (RS_GET(c->fb) && !c->rx.cur_len) {
-            /* RDMA failed and the ring has nothing more: the rest comes over TCP */
+        if (rs_rx_on_tcp(c) && !c->rx.cur_len) {
+            /* the ring has nothing more (RDMA failed, or the peer's MOVED record): the rest
+             * comes over TCP */
             rs_unlock(&c->rx.lock);
             if (peek && got) return (ssize_t)got;
             r = rs_fb_recv(c, (uint8_t *)buf + got, len - got, flags, rs_ms_until(deadline));
@@ -358,7 +369,10 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         if (RS_GET(c->tcp_eof)) {
             /* The peer's process is gone.  Whatever it wrote before is in the ring. */
+            uint8_t none;
+            if (peek && !got) rs_rx_take(c, &none, 0, 0);    /* steps over WRAP, FIN, MOVED */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
+            if (!got && rs_rx_on_tcp(c)) continue;     /* the peer's MOVED record: the rest is on the socket */
             rs_unlock(&c->rx.lock);
             if (got) return (ssize_t)got;
             if (c->rx.fin_seen) return c->rx.peer_reset ? rs_conn_reset_once(c) : 0;

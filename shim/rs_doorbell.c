@@ -29,9 +29,11 @@ static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
     return 0;
 }
 
-/* Producer side: after publishing records, wake the consumer if it asked for it. */
+/* Producer side (caller holds tx_lock): after publishing records, wake the consumer if it
+ * asked for it. */
 void rs_tx_flush_bell(rs_conn *c)
 {
+    if (c->tx.fb) return;                               /* after a RESYNC frame only the stream */
     if (c->rdma) { rs_rdma_flush_bell(c); return; }
     struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
@@ -48,15 +50,20 @@ void rs_tx_flush_bell(rs_conn *c)
     }
 }
 
-/* Consumer side: wake a producer blocked on a full ring (credit was just published). */
+/* Consumer side: wake a producer blocked on a full ring (credit was just published).
+ * Under tx_lock: once our own direction has moved to TCP (its RESYNC frame is out), no
+ * byte but the stream may follow it; a producer waiting for credit then finds it in
+ * memory (its waits nap and look). */
 void rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&ctl->tx_waiting, __ATOMIC_RELAXED)) return;
-    if (__atomic_exchange_n(&ctl->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
+    rs_lock(&c->tx.lock);
+    if (!c->tx.fb && __atomic_exchange_n(&ctl->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
         __atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST);
         if (!send_bell(c, kind, counter)) __atomic_store_n(&ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
     }
+    rs_unlock(&c->tx.lock);
 }
 
 static void note_sock_error(rs_conn *c, int e);
@@ -73,35 +80,45 @@ static int bell_read_result(rs_conn *c, long n)
     return -1;
 }
 
+/* Doorbell bytes at the front of what the socket holds (peeked: n bytes in buf): how many
+ * may be read off.  A RESYNC frame's first byte ends them: the peer's direction moved to
+ * TCP and our ring has its MOVED record, which the consumer reaches first.  Anything
+ * else is garbage. */
+static long leading_bells(rs_conn *c, const uint8_t *buf, long n)
+{
+    long k = 0;
+    while (k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT)) k++;
+    if (k < n && buf[k] != RS_BELL_RESYNC)
+        rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[k]);
+    return k;
+}
+
 /* Reads up to `todo` doorbell bytes that were sent before the caller's snapshot (the
  * peer writes the counter: at most 64 reads, whatever it says). */
 static void drain_bells(rs_conn *c, uint64_t todo)
 {
     uint8_t buf[256];
     for (int rounds = 0; todo > 0 && !RS_GET(c->tcp_eof) && rounds < 64; rounds++) {
-        long n = rs_c_recv(c, buf, todo < sizeof buf ? todo : sizeof buf, MSG_DONTWAIT);
+        long n = rs_c_recv(c, buf, todo < sizeof buf ? todo : sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (bell_read_result(c, n) <= 0) break;         /* EAGAIN: still in flight */
-        for (long i = 0; i < n; i++)
-            if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT)
-                rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
-        c->rx.bells_drained += (uint64_t)n;
-        todo -= (uint64_t)n;
+        long k = leading_bells(c, buf, n);
+        if (k) rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);     /* exactly the bells peeked */
+        c->rx.bells_drained += (uint64_t)k;
+        todo -= (uint64_t)k;
+        if (k < n) break;
     }
 }
 
 /* With every counted bell drained, anything still readable is either a bell sent after
- * the snapshot, EOF (the peer is gone) or garbage.  Peeking consumes nothing, so the
- * invariant holds; without this an idle nonblocking reader would never see EOF. */
+ * the snapshot, EOF (the peer is gone), a RESYNC frame or garbage.  Peeking consumes
+ * nothing, so the invariant holds; without this an idle nonblocking reader would never
+ * see EOF. */
 static void check_uncounted(rs_conn *c)
 {
     uint8_t buf[64];
     long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (bell_read_result(c, n) <= 0) return;
-    for (long i = 0; i < n; i++)
-        if (buf[i] != RS_BELL_DATA && buf[i] != RS_BELL_CREDIT) {
-            rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[i]);
-            return;
-        }
+    leading_bells(c, buf, n);
 }
 
 static int go_idle(rs_conn *c, int check);
@@ -133,6 +150,7 @@ int rs_rx_go_idle(rs_conn *c)
  * after all.  Elsewhere it is go-idle. */
 int rs_rx_nonblock_empty(rs_conn *c)
 {
+    if (c->rx.fb) return rs_fb_rx_ready(c);
     if (!c->rx.lazy_tidy || c->rdma || c->rx.pre) return rs_rx_go_idle_locked(c);
     rs_rx_publish_credit(c, 1);
     if (rs_rx_ready_locked(c)) return 1;
@@ -167,7 +185,7 @@ int rs_tx_arm_credit(rs_conn *c)
 void rs_rx_tidy(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
-    if (c->rx.pre || !c->rx.ring || c->rdma) return;   /* rdma: the next go_idle drains */
+    if (c->rx.pre || !c->rx.ring || c->rdma || c->rx.fb) return;   /* rdma: the next go_idle drains */
     /* Under the preload library poll/select/epoll look at the ring first, so a stale
      * doorbell costs nothing there, while draining it here re-arms want_bell: the next
      * record then rings again, and a request/response exchange paid a send and a recv
@@ -182,6 +200,7 @@ static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (c->rx.pre || !c->rx.ring) return 0;     /* preamble bytes on the socket are data */
+    if (c->rx.fb) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
     if (check) rs_rx_publish_credit(c, 1);      /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
@@ -194,6 +213,35 @@ static int go_idle(rs_conn *c, int check)
     return 0;
 }
 
+/* Before the application's close: the peer is told that no doorbell is wanted any more,
+ * and those it already sent are read off the socket (a short bounded wait for ones in
+ * flight), so that the kernel's close does not turn into a reset over bytes that were
+ * only ours.  A reset would throw away what is still in flight to the peer, which after
+ * a move to TCP (6.8) is stream data.  Not once our receive side reads the socket: the
+ * bytes there are the peer's stream. */
+#define RS_QUIESCE_NS 20000000ull
+void rs_quiesce_bells(rs_conn *c)
+{
+    if (c->rdma || !c->rx.ring || c->rx.pre || RS_GET(c->tcp_eof)) return;
+    rs_lock(&c->rx.lock);
+    if (!c->rx.fb) {
+        __atomic_store_n(&c->rx.ctl->want_bell, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&c->tx.ctl->tx_waiting, 0, __ATOMIC_SEQ_CST);
+        uint64_t until = rs_now_ns() + RS_QUIESCE_NS;
+        for (int i = 0; i < 64; i++) {
+            uint64_t sent = __atomic_load_n(&c->rx.ctl->data_bells, __ATOMIC_SEQ_CST) +
+                            __atomic_load_n(&c->tx.ctl->credit_bells, __ATOMIC_SEQ_CST);
+            if (sent <= c->rx.bells_drained || RS_GET(c->tcp_eof) || rs_now_ns() >= until) break;
+            drain_bells(c, sent - c->rx.bells_drained);
+            if (sent > c->rx.bells_drained) {
+                struct timespec ts = { 0, 200000 };
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    rs_unlock(&c->rx.lock);
+}
+
 /* An error e on the TCP socket (0: read it from SO_ERROR, which reading clears): a peer
  * host that vanished (keepalive timed out, unreachable) is an error of the connection, not
  * an end of stream (a reset is not: stray doorbell bytes make a closing peer send one). */
@@ -204,11 +252,23 @@ static void note_sock_error(rs_conn *c, int e)
         rs_conn_set_error(c, e, "rdmasock: the connection's TCP socket failed: %s", strerror(e));
 }
 
+/* The peer's RESYNC frame waits on the socket behind doorbell bytes: its direction moved
+ * to TCP (its MOVED record is in our ring), so a TCP FIN after it is a half-close. */
+static int peer_moved(rs_conn *c)
+{
+    uint8_t buf[4096];
+    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    long k = 0;
+    while (k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT)) k++;
+    if (k == (long)sizeof buf) return 1;        /* only doorbells in view: not known yet, not gone */
+    return k < n && buf[k] == RS_BELL_RESYNC;
+}
+
 /* Without blocking: does the TCP socket say that the peer is gone?  An upgraded peer never
  * ends the TCP stream while it lives (its FIN travels as a record), so the kernel's end of
  * stream or reset means its socket is closed: its process died or closed the connection.
  * Not so after our own shutdown(SHUT_RD) (then the kernel reports an end of stream of its
- * own), nor once an rdma connection fell back to TCP (then a TCP FIN is the peer's). */
+ * own), nor once the peer's direction moved to TCP (then a TCP FIN is its half-close). */
 int rs_peer_gone(rs_conn *c)
 {
     if (RS_GET(c->tcp_eof)) return 1;
@@ -216,14 +276,17 @@ int rs_peer_gone(rs_conn *c)
     if (rs_c_poll(c, POLLRDHUP, 0, &re) <= 0) return 0;
     if (re & POLLERR) note_sock_error(c, 0);
     if (re & (POLLHUP | POLLERR | POLLNVAL)) RS_SET(c->tcp_eof, 1);
-    else if ((re & POLLRDHUP) && !RS_GET(c->fb)) {
-        struct tcp_info ti;
-        socklen_t l = sizeof ti;
-        if (!RS_GET(c->rx.shut_rd)) RS_SET(c->tcp_eof, 1);
-        else if (syscall(SYS_getsockopt, rs_fd_enter(c), IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 &&
-                 ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_FIN_WAIT2)
-            RS_SET(c->tcp_eof, 1);                          /* the peer's FIN, behind our own SHUT_RD */
-        rs_fd_leave(c);
+    else if ((re & POLLRDHUP) && !rs_rx_on_tcp(c) && !peer_moved(c)) {
+        if (!RS_GET(c->rx.shut_rd)) {
+            RS_SET(c->tcp_eof, 1);
+        } else {
+            struct tcp_info ti;
+            socklen_t l = sizeof ti;
+            if (syscall(SYS_getsockopt, rs_fd_enter(c), IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 &&
+                ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_FIN_WAIT2)
+                RS_SET(c->tcp_eof, 1);                      /* the peer's FIN, behind our own SHUT_RD */
+            rs_fd_leave(c);
+        }
     }
     return RS_GET(c->tcp_eof);
 }

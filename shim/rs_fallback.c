@@ -1,10 +1,20 @@
-/* rs_fallback.c - an rdma connection whose transport fails mid-stream goes on over TCP.
+/* rs_fallback.c - a connection whose ring cannot go on continues over its TCP socket.
  *
- * RDMA can fail after set-up (a work request completes in error, a READ of the peer's
- * counters goes unanswered, the peer reports its own transport failed) while the TCP
- * socket the connection was bootstrapped on is fine.  The stream then moves to that
- * socket without losing or doubling a byte.  Each direction moves on its own
- * (docs/PROTOCOL.md 9.10):
+ * Two causes.  RDMA can fail after set-up (a work request completes in error, a READ of
+ * the peer's counters goes unanswered, the peer reports its own transport failed) while
+ * the TCP socket the connection was bootstrapped on is fine.  And a shm ring can stall:
+ * full, its consumer taking nothing for RS_STALL_NS, typically because both programs
+ * write before they read and the rings hold less than TCP would.  Either way the stream
+ * moves to the socket without losing or doubling a byte, each direction on its own
+ * (docs/PROTOCOL.md 6.8, 9.10).
+ *
+ * shm: the producer writes a MOVED record (its ring keeps 8 bytes for one control
+ * record), then a RESYNC frame naming the stream offset right after it, and from then on
+ * writes to the socket.  The consumer reads its ring up to the MOVED record, then the
+ * socket: doorbell bytes, the frame, the stream.  It notices the move only there, in
+ * order, so its own ring direction keeps going until the peer's MOVED record arrives.
+ *
+ * rdma:
  *
  *   producer: stops posting, writes a RESYNC frame naming B, the stream offset of the
  *     oldest record the consumer has not handed back as credit, then resends the payload
@@ -39,10 +49,14 @@ static uint64_t get_le(const uint8_t *p, int n)
     return v;
 }
 
-/* Any thread, any lock held: the work happens in rs_fb_kick and the data paths. */
-void rs_fb_begin(rs_conn *c)
+/* Any thread, any lock held: the work happens in rs_fb_kick and the data paths.  The
+ * first cause is the one reported. */
+void rs_fb_begin(rs_conn *c, int reason)
 {
-    __atomic_store_n(&c->fb, 1, __ATOMIC_SEQ_CST);
+    uint8_t zero = 0;
+    if (__atomic_compare_exchange_n(&c->fb_reason, &zero, (uint8_t)reason, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) ||
+        !RS_GET(c->fb))
+        __atomic_store_n(&c->fb, 1, __ATOMIC_SEQ_CST);
 }
 
 static void update_done(rs_conn *c)
@@ -57,18 +71,8 @@ static int wait_sock(rs_conn *c, short events, uint64_t deadline)
 
 /* ---- transmit ---------------------------------------------------------------------- */
 
-/* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend. */
-static void tx_start(rs_conn *c)
+static void put_frame(rs_conn *c, uint64_t resume)
 {
-    uint64_t pos = c->tx.head_seen, unacked = 0;
-    while (pos < c->tx.pos) {
-        uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
-        if (lw == RS_LEN_WRAP) { pos += c->ring_size - off; continue; }
-        if (lw < RS_LEN_CTL_MIN) unacked += lw;
-        pos += rs_rec_size(lw);
-    }
-    rs_rdma_silence(c);                            /* no doorbell byte may follow the frame */
-    uint64_t resume = c->tx.bytes - unacked;
     uint8_t *f = c->tx.fb_out;
     memset(f, 0, RS_RESYNC_LEN);
     f[0] = RS_BELL_RESYNC;
@@ -77,6 +81,35 @@ static void tx_start(rs_conn *c)
     put_le(f + 8, resume, 8);
     c->tx.fb_out_len = RS_RESYNC_LEN;
     c->tx.fb_out_sent = 0;
+}
+
+/* shm (caller holds tx_lock): every byte so far is in the peer's ring, in order, ending
+ * with the MOVED record, so the frame resumes right after the last of them.  After a FIN
+ * or RESET record the direction is over: nothing moves. */
+static void tx_start_shm(rs_conn *c)
+{
+    if (!c->tx.fin_sent) {
+        rs_tx_put_moved(c);
+        put_frame(c, c->tx.bytes);
+    }
+    c->tx.fb_resend_pos = c->tx.fb_resend_end = 0;
+    c->tx.fb = c->tx.fin_sent ? TX_PLAIN : TX_RESEND;
+    update_done(c);
+}
+
+/* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend. */
+static void tx_start(rs_conn *c)
+{
+    if (!c->rdma) { tx_start_shm(c); return; }
+    uint64_t pos = c->tx.head_seen, unacked = 0;
+    while (pos < c->tx.pos) {
+        uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
+        if (lw == RS_LEN_WRAP) { pos += c->ring_size - off; continue; }
+        if (lw < RS_LEN_CTL_MIN) unacked += lw;
+        pos += rs_rec_size(lw);
+    }
+    rs_rdma_silence(c);                            /* no doorbell byte may follow the frame */
+    put_frame(c, c->tx.bytes - unacked);
     c->tx.fb_resend_pos = c->tx.head_seen;
     c->tx.fb_resend_end = c->tx.pos;
     c->tx.fb_resend_off = 0;
@@ -284,10 +317,19 @@ static int rx_resync(rs_conn *c)
     return c->rx.fb == RX_PLAIN ? 1 : rx_resync_locked(c);
 }
 
-/* The ring has nothing more for us: from here on only the socket (caller decided). */
+/* rdma: the ring has nothing more for us, from here on only the socket (caller decided).
+ * shm leaves its ring at the peer's MOVED record (rs_fb_rx_moved). */
 static void rx_leave_ring(rs_conn *c)
 {
-    if (c->rx.fb == RX_RING) c->rx.fb = RX_BELLS;
+    if (c->rx.fb == RX_RING && c->rdma) c->rx.fb = RX_BELLS;
+}
+
+/* The consumer took the peer's MOVED record (caller holds rx_lock): the rest of this
+ * direction is on the socket, and ours follows it there. */
+void rs_fb_rx_moved(rs_conn *c)
+{
+    __atomic_store_n(&c->rx.fb, RX_BELLS, __ATOMIC_RELEASE);
+    rs_fb_begin(c, RS_REASON_RING_STALLED);
 }
 
 ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)

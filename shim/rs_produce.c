@@ -51,6 +51,32 @@ static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32
     c->tx.records++;
 }
 
+/* The last record of a direction that moves to TCP (caller holds tx_lock): it fits in the
+ * 8 bytes every write leaves free. */
+void rs_tx_put_moved(rs_conn *c)
+{
+    put_record(c, RS_LEN_MOVED, NULL, 0);
+    rs_tx_flush_bell(c);
+}
+
+/* Caller holds tx_lock and found the ring full.  1 if the consumer has returned no credit
+ * for RS_STALL_NS since the ring was first found full: the connection then moves to TCP
+ * (rs_fallback.c), as a shm ring holds far less than the kernel's socket buffers.  rdma
+ * rings do not move: their consumer's credit comes by RDMA READ, and a move is one-way. */
+int rs_tx_stalled(rs_conn *c)
+{
+    if (c->rdma || c->tx.fin_sent) return 0;
+    uint64_t now = rs_now_ns();
+    if (!c->tx.stall_since || c->tx.stall_head != c->tx.head_seen) {
+        c->tx.stall_head = c->tx.head_seen;
+        c->tx.stall_since = now;
+        return 0;
+    }
+    if (now - c->tx.stall_since < RS_STALL_NS) return 0;
+    rs_fb_begin(c, RS_REASON_RING_STALLED);
+    return 1;
+}
+
 /* The peer closed its socket: EPIPE, unless its transport failed first and said so, or
  * it reset the connection and nobody was told yet (ECONNRESET, once). */
 static int peer_gone(rs_conn *c)
@@ -66,16 +92,31 @@ static int peer_gone(rs_conn *c)
 #define RS_KEEP_WHOLE 512u
 
 /* Blocks until `need` bytes of credit are free, the deadline passes or the peer is gone. */
+static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progress, struct rs_sigwait *sw);
+
+/* An untimed wait with nothing sent yet takes its signals by the kernel's rules (a
+ * handler with SA_RESTART restarts it, any other ends it with EINTR), wherever in the
+ * wait they arrive; otherwise any handled signal ends it (rs_nap). */
 static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline, int progress)
+{
+    struct rs_sigwait sw = { 0 };
+    int r = credit_loop(c, need, deadline, progress, &sw);
+    rs_sigwait_end(&sw);
+    return r;
+}
+
+static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progress, struct rs_sigwait *sw)
 {
     rs_tx_flush_bell(c);                        /* the consumer must know there is data */
     uint64_t spin_start = rs_now_ns(), spin_end = spin_start + c->spin_ns;
     unsigned backoff_us = 20;
     for (;;) {
+        /* First: while the lock was let go (naps), another thread may have moved the
+         * direction to TCP; no record may follow its MOVED record or RESYNC frame. */
+        if (RS_GET(c->fb)) return -EAGAIN;              /* rs_send goes on by TCP */
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         if (RS_GET(c->err)) return -RS_GET(c->err);
-        if (RS_GET(c->fb)) return -EAGAIN;              /* rs_send goes on by TCP */
         if (RS_GET(c->tcp_eof)) return peer_gone(c);
         if (c->tx.fin_sent) return -EPIPE;         /* shutdown(SHUT_WR) in another thread */
         uint64_t now = rs_now_ns();
@@ -84,11 +125,13 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         rs_tx_arm_credit_locked(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
+        if (rs_tx_stalled(c)) return -EAGAIN;          /* rs_send goes on by TCP */
         /* Sleep without touching the receive side (another thread may be in recv) or
          * the socket's data (its readiness belongs to the receiver): short, growing naps,
          * without the lock (another sender, poll or close may go on meanwhile). */
         rs_unlock(&c->tx.lock);
-        int w = rs_nap((uint64_t)backoff_us * 1000u, deadline, progress);
+        int w = deadline == RS_NEVER && !progress ? rs_sigwait_nap(sw, (uint64_t)backoff_us * 1000u)
+                                                  : rs_nap((uint64_t)backoff_us * 1000u, deadline, progress);
         rs_lock(&c->tx.lock);
         if (w < 0) return w;
         if (backoff_us < 1000) backoff_us *= 2;
@@ -106,13 +149,21 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
 {
     if (RS_GET(c->err)) return -RS_GET(c->err);
     if (RS_GET(c->fb)) return rs_fb_send(c, buf, len, nonblock, timeout_ms);
+    if (timeout_ms == 0) nonblock = 1;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     rs_lock(&c->tx.lock);
     ssize_t r = RS_GET(c->fb) ? -EAGAIN : ring_send(c, buf, len, nonblock, timeout_ms);
     rs_unlock(&c->tx.lock);
     if (!RS_GET(c->fb) || RS_GET(c->err)) return r;
     rs_fb_kick(c);
-    if (r > 0) return r;                        /* in the shadow ring: part of the resend */
-    return rs_fb_send(c, buf, len, nonblock, timeout_ms);
+    if (r < 0) r = 0;
+    /* What the ring took is sent (rdma: in the shadow ring, part of the resend); a
+     * blocking call goes on over TCP with the rest, as one TCP send would. */
+    if ((size_t)r == len || (r > 0 && nonblock)) return r;
+    ssize_t more = rs_fb_send(c, (const uint8_t *)buf + r, len - (size_t)r, nonblock,
+                              nonblock ? 0 : rs_ms_until(deadline));
+    if (more < 0) return r ? r : more;
+    return r + more;
 }
 
 static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
@@ -148,6 +199,8 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
                 /* Full ring: only here is it worth a system call to learn that the peer
                  * is gone (a nonblocking writer would otherwise retry forever). */
                 if (!sent && rs_peer_gone(c)) return peer_gone(c);
+                if (!sent) rs_tx_stalled(c);       /* then rs_send goes on by TCP */
+                __atomic_store_n(&c->tx.full_stops, c->tx.full_stops + 1, __ATOMIC_RELAXED);
                 break;
             }
             int r = wait_credit(c, need, deadline, sent > 0);
@@ -227,10 +280,13 @@ int rs_tx_writable_locked(rs_conn *c)
     return tx_free(c) >= 2u * RS_KEEP_WHOLE + 16;
 }
 
+/* Writability for a readiness check (poll, epoll): a full ring that stalled moves to TCP
+ * here, as a wait for room is where a program that writes before it reads waits. */
 int rs_tx_writable(rs_conn *c)
 {
     rs_lock(&c->tx.lock);
     int r = rs_tx_writable_locked(c);
+    if (!r && rs_tx_stalled(c)) r = rs_fb_tx_writable(c);
     rs_unlock(&c->tx.lock);
     return r;
 }

@@ -139,7 +139,7 @@ static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
     __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);     /* a peer's READ sees it */
     if (RS_GET(c->tcp_eof) || RS_GET(c->err)) { rs_conn_set_error(c, err, "%s", msg); return; }
     if (!RS_GET(c->fb)) snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
-    rs_fb_begin(c);
+    rs_fb_begin(c, RS_REASON_RDMA_FAILED);
 }
 
 /* The peer's RESYNC frame is on the socket: its transport failed, ours moves too. */

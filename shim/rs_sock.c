@@ -124,6 +124,7 @@ static int abortive_close(struct rs_sock *s)
 static void destroy(struct rs_sock *s)
 {
     int abort = s->state == RS_RING && !s->forked && abortive_close(s);
+    if (s->state == RS_RING && !s->forked && !abort) rs_quiesce_bells(s->conn);
     /* Unread handshake or doorbell bytes would make the kernel's close send a reset. */
     if (!s->forked && (s->state == RS_SERVER_HS || s->state == RS_RING)) drain_unread(s->fd);
     switch (s->state) {
@@ -301,7 +302,7 @@ static void note_fallback(struct rs_sock *s)
 {
     if (!s->stat || s->stat->transport == RS_TRANSPORT_TCP) return;
     s->stat->transport = RS_TRANSPORT_TCP;
-    s->stat->reason = RS_REASON_RDMA_FAILED;
+    s->stat->reason = RS_GET(s->conn->fb_reason) ? RS_GET(s->conn->fb_reason) : RS_REASON_RDMA_FAILED;
     if (rs_host && rs_host->fell_back) rs_host->fell_back(s->fd, s->role, s->conn);
 }
 

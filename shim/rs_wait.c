@@ -1,6 +1,7 @@
 /* rs_wait.c - spinning, napping and sleeping (rs_wait.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <poll.h>
 #include <sched.h>
 #include <linux/futex.h>
@@ -92,6 +93,48 @@ int rs_nap(uint64_t ns, uint64_t deadline, int progress)
     struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
     if (nanosleep(&ts, NULL) != 0 && errno == EINTR) return progress ? -EINTR : interrupted(deadline);
     return 1;
+}
+
+/* Signals whose default action is to ignore them: they never interrupt a call. */
+static int default_ignored(int sig)
+{
+    return sig == SIGCHLD || sig == SIGURG || sig == SIGWINCH || sig == SIGCONT;
+}
+
+int rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns)
+{
+    sigset_t all;
+    sigfillset(&all);
+    if (!w->active) {
+        if (pthread_sigmask(SIG_BLOCK, &all, &w->saved) != 0) return rs_nap(ns, RS_NEVER, 0);
+        w->active = 1;
+    }
+    sigset_t want;                     /* what the program lets through */
+    sigfillset(&want);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&w->saved, sig) == 1) sigdelset(&want, sig);
+    struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
+    siginfo_t si;
+    int sig = sigtimedwait(&want, &si, &ts);
+    if (sig <= 0) return 1;            /* the nap ended (or SIGSTOP/SIGCONT woke it) */
+    struct sigaction sa;
+    int restart = 1;
+    if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_IGN &&
+        !(sa.sa_handler == SIG_DFL && default_ignored(sig)))
+        restart = (sa.sa_flags & SA_RESTART) != 0 && sa.sa_handler != SIG_DFL;
+    /* The signal goes back to this thread, with its information where the kernel allows
+     * it, and its action runs now, as it would have run inside the kernel's wait. */
+    pid_t tid = (pid_t)syscall(SYS_gettid), pid = getpid();
+    if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, &si) != 0) syscall(SYS_tgkill, pid, tid, sig);
+    pthread_sigmask(SIG_SETMASK, &w->saved, NULL);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    return restart ? 1 : -EINTR;
+}
+
+void rs_sigwait_end(struct rs_sigwait *w)
+{
+    if (w->active) pthread_sigmask(SIG_SETMASK, &w->saved, NULL);
+    w->active = 0;
 }
 
 /* ---- rs_lock.h's slow path -------------------------------------------------------------- */

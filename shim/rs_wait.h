@@ -5,6 +5,7 @@
  */
 #ifndef RS_WAIT_H
 #define RS_WAIT_H
+#include <signal.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -54,4 +55,13 @@ int rs_sleep_fd(int fd, short events, uint64_t deadline);
  * deadline or `progress` (bytes already moved by this call) any handled signal gives
  * -EINTR; otherwise a signal whose handler has SA_RESTART does not end it. */
 int rs_nap(uint64_t ns, uint64_t deadline, int progress);
+
+/* An untimed wait (no timeout, nothing transferred yet) made of many naps, whose signals
+ * must end it exactly as they would end the kernel's own wait: with all signals blocked
+ * from the first nap to the end, a signal arriving anywhere in the wait stays pending
+ * until a nap takes it (sigtimedwait), hands it back and lets its action run, and the
+ * wait then restarts (SA_RESTART, or an action that ignores it) or ends with EINTR. */
+struct rs_sigwait { int active; sigset_t saved; };
+int  rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns);   /* 1 slept or restarted, -EINTR */
+void rs_sigwait_end(struct rs_sigwait *w);                /* the program's mask again */
 #endif

@@ -27,6 +27,8 @@
 #define RS_LEN_FIN         0xFFFFFFFEu          /* sender shut down its direction: EOF after this */
 #define RS_LEN_RESET       0xFFFFFFFDu          /* sender closed abortively (SO_LINGER 0, or with data of
                                                  * ours unread): ECONNRESET after this, as TCP's RST */
+#define RS_LEN_MOVED       0xFFFFFFFCu          /* sender's direction goes on over the TCP socket: a RESYNC
+                                                 * frame resuming at exactly this point is there (PROTOCOL 6.8) */
 #define RS_LEN_CTL_MIN     0xFFFFFF00u          /* lenwords >= this are control codes */
 
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */

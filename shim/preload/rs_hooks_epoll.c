@@ -8,13 +8,16 @@
  * in one thread never changes the list under an epoll_wait in another.
  *
  * et_mark: for EPOLLET, the producer's byte count when we last reported the ring readable
- * (an edge is new data since then).  disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD. */
+ * (an edge is new data since then).  out_mark: for EPOLLET, the connection's count of
+ * writes cut short by a full ring when we last reported EPOLLOUT (an edge is room after a
+ * later one: the kernel's socket, which always has room, never makes that edge).
+ * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD. */
 #include "rs_preload.h"
 #include "../rs_fdmap.h"
 #include <stdlib.h>
 #include <time.h>
 
-struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark; int disarmed; };
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; int disarmed; };
 struct ep_set {
     int refs;                  /* the map's + waits in progress; 0: free */
     pthread_mutex_t lock;
@@ -123,7 +126,7 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
         if (i < s->cap) {
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
-            s->m[i].et_mark = (uint64_t)-1; s->m[i].disarmed = 0;
+            s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = 0;
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -211,22 +214,26 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (!k) continue;
         uint64_t produced = rs_rx_produced(k->conn);
-        short re = 0;
-        if (!(s->m[i].events & EPOLLET) || produced != s->m[i].et_mark || k->conn->rx.fin_seen) {
-            short want = (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0) |
-                         (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
-            re = rs_ring_revents(k->conn, want);
-        }
+        uint64_t stops = __atomic_load_n(&k->conn->tx.full_stops, __ATOMIC_RELAXED);
+        int et = s->m[i].events & EPOLLET;
+        short re = 0, want = 0;
+        if (!et || produced != s->m[i].et_mark || k->conn->rx.fin_seen)
+            want |= (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
+        /* level-triggered EPOLLOUT: the kernel's report, checked against the ring, says it;
+         * edge-triggered: room after a write that found the ring full */
+        if (et && (s->m[i].events & EPOLLOUT) && stops != s->m[i].out_mark) want |= POLLOUT;
+        if (want) re = rs_ring_revents(k->conn, want);
         rs_sock_put(k);
-        if (!(re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) continue;   /* EPOLLOUT: the kernel says */
+        if (!(re & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR))) continue;
         int dup = 0;
         for (int j = 0; j < have && !dup; j++) dup = out[j].data.u64 == s->m[i].data.u64;
         if (dup) continue;
-        out[n].events = (re & POLLIN ? EPOLLIN : 0) | (re & POLLRDHUP ? EPOLLRDHUP : 0) |
+        out[n].events = (re & POLLIN ? EPOLLIN : 0) | (re & POLLOUT ? EPOLLOUT : 0) | (re & POLLRDHUP ? EPOLLRDHUP : 0) |
                         (re & POLLHUP ? EPOLLHUP : 0) | (re & POLLERR ? EPOLLERR : 0);
         out[n].data = s->m[i].data;
         n++;
-        s->m[i].et_mark = produced;
+        if (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) s->m[i].et_mark = produced;
+        if (re & POLLOUT) s->m[i].out_mark = stops;
         if (s->m[i].events & EPOLLONESHOT) {
             /* fired: disable the kernel registration too, as EPOLLONESHOT does */
             struct epoll_event off = { .events = 0, .data = s->m[i].data };
@@ -276,6 +283,7 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
             if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(c)) {
                 if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) ev[j].events &= ~(uint32_t)EPOLLOUT;
             }
+            if (ev[j].events & EPOLLOUT) s->m[i].out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
             /* the kernel's report counts as ours: no second edge, no second one-shot */
             if (ev[j].events & EPOLLIN) s->m[i].et_mark = rs_rx_produced(c);
             if (s->m[i].events & EPOLLONESHOT) s->m[i].disarmed = 1;
@@ -336,10 +344,15 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         if (timeout_ms == 0 || rs_passed(deadline)) return 0;
         int ready = 0, resend = 0, n = 0;
         pthread_mutex_lock(&s->lock);
+        int cap = -1;
         for (int i = 0; i < s->n; i++) {
             struct rs_sock *k = rs_ring_sock(s->m[i].fd);
             if (!k) continue;
-            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0))) ready = 1;
+            /* EPOLLOUT too: a full ring asks its reader for a credit doorbell, which wakes
+             * the kernel's wait (edge-triggered waiters have no other wake-up) */
+            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0)))
+                ready = 1;
+            if (s->m[i].events & EPOLLOUT) cap = rs_min_ms(cap, rs_ring_sleep_cap_ms(k->conn, POLLOUT));
             rs_sock_put(k);
         }
         if (ready) n = ep_from_rings(epfd, s, ev, 0, max);
@@ -351,10 +364,10 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         }
         pthread_mutex_unlock(&s->lock);
         if (n) return n;
-        int ms = rs_ms_until(deadline);
-        if (resend && (ms < 0 || ms > 10)) ms = 10;
+        int ms = rs_min_ms(rs_ms_until(deadline), resend ? 10 : cap);
         int k = kernel_wait(epfd, ev, max, ms, mask);
-        if (k <= 0) return k;
+        if (k < 0) return k;
+        if (k == 0) continue;          /* the deadline, or a limit above: look at the rings again */
         pthread_mutex_lock(&s->lock);
         k = ep_filter_out(epfd, s, ev, k);
         pthread_mutex_unlock(&s->lock);

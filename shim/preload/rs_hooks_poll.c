@@ -77,9 +77,13 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         /* Ready at arming, yet nothing to report: a record still being written.  Its
          * producer sees the armed flag after it finishes, and rings: sleep for that. */
         if (armed_ready && (r = collect(fds, n, socks, want)) != 0) goto out;
-        for (nfds_t i = 0; i < n; i++)      /* a resend after an RDMA failure must get out */
-            if (socks[i]) fds[i].events = POLLIN | POLLRDHUP | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
-        r = kernel_poll(fds, n, rs_ms_until(deadline), mask);
+        int ms = rs_ms_until(deadline);
+        for (nfds_t i = 0; i < n; i++) {    /* a resend after an RDMA failure must get out */
+            if (!socks[i]) continue;
+            fds[i].events = POLLIN | POLLRDHUP | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
+            ms = rs_min_ms(ms, rs_ring_sleep_cap_ms(socks[i]->conn, want[i]));
+        }
+        r = kernel_poll(fds, n, ms, mask);
         if (r < 0) goto out;
         r = collect(fds, n, socks, want);
         if (r && apart) rs_spin_missed(rs_now_ns() - start);

@@ -111,6 +111,8 @@ struct rs_sock *rs_handshake_sock(int fd); /* kernel bytes may not be data yet: 
 int   rs_only_handshake(struct rs_sock *s);
 short rs_ring_revents(rs_conn *c, short events);
 int   rs_ring_arm(rs_conn *c, short events);
+int   rs_ring_sleep_cap_ms(rs_conn *c, short events);
+int   rs_min_ms(int a, int b);
 uint64_t rs_spin_budget(void);
 void  rs_spin_missed(uint64_t waited_ns);
 void  rs_spin_result(int found);

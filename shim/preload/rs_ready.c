@@ -94,6 +94,23 @@ int rs_ring_arm(rs_conn *c, short events)
     return ready || RS_GET(c->err) || RS_GET(c->tcp_eof);
 }
 
+/* How long a kernel sleep may last for a socket armed with `events`: a wait for room in a
+ * full shm ring must look again before RS_STALL_NS has passed, since only a look moves
+ * a stalled ring to TCP (rs_fallback.c); -1: no limit. */
+int rs_ring_sleep_cap_ms(rs_conn *c, short events)
+{
+    if (!(events & (POLLOUT | POLLWRNORM)) || c->rdma || rs_tx_writable(c)) return -1;
+    return (int)(RS_STALL_NS / 4000000u);
+}
+
+/* The shorter of two kernel sleep limits (-1: none). */
+int rs_min_ms(int a, int b)
+{
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return a < b ? a : b;
+}
+
 int rs_ts_ms(const struct timespec *ts)
 {
     if (!ts) return -1;

@@ -735,7 +735,7 @@ static void t_bogus_length(void)
         bogus_case(heap, BOGUS_CROSSES_END, 17, 0);        /* rec 32 > the 24 bytes left */
         bogus_case(heap, BOGUS_CTL, 0xFFFFFF10u, 0);
         bogus_case(heap, BOGUS_CTL, RS_LEN_CTL_MIN, 1);
-        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFCu, 0);          /* 0xFFFFFFFD is RESET */
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFBu, 0);          /* 0xFFFFFFFC is MOVED */
     }
 }
 
@@ -1068,6 +1068,74 @@ static void t_fin(void)
     fin_on_full_ring(0, 0);
     fin_on_full_ring(2008, 0);       /* fill across the ring end: WRAP records, then FIN */
     fin_on_full_ring(4088, 0);       /* FIN position right at a wrap */
+}
+
+/* ---- stalled ring: the direction moves to TCP (PROTOCOL 6.8) ------------------------- */
+
+/* Reads n pattern bytes (stream, from *pos) and checks them. */
+static void expect_pat(rs_conn *c, uint32_t stream, uint64_t *pos, size_t n)
+{
+    uint8_t buf[4096], want[4096];
+    while (n) {
+        size_t k = n < sizeof buf ? n : sizeof buf;
+        recv_exact(c, buf, k, 2000);
+        fill_pat(want, stream, *pos, k);
+        CHECK(memcmp(buf, want, k) == 0, "stream byte differs near %llu", (unsigned long long)*pos);
+        *pos += k;
+        n -= k;
+    }
+}
+
+static void t_stall_move(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    uint64_t wpos = 0, rpos = 0;
+    uint8_t buf[4096];
+    fill_ring(p.cli, 1000, 7, &wpos);
+    uint64_t in_ring = wpos;
+    CHECK(in_ring > 0 && in_ring < 4096, "filled %llu bytes", (unsigned long long)in_ring);
+    /* full, and not for long: still EAGAIN */
+    fill_pat(buf, 7, wpos, 1000);
+    CHECK_EQ(rs_send(p.cli, buf, 1000, 1, 0), -EAGAIN);
+    CHECK_EQ(p.cli->fb, 0);
+    sleep_ms((int)(RS_STALL_NS / 1000000u) + 100);
+    /* the consumer took nothing for longer than RS_STALL_NS: the write goes to TCP */
+    ssize_t r = rs_send(p.cli, buf, 1000, 1, 0);
+    CHECK(r == 1000, "write after the stall returned %zd (%s)", r, r < 0 ? strerror((int)-r) : "short");
+    CHECK_EQ(p.cli->fb, 1);
+    CHECK_EQ(p.cli->fb_reason, RS_REASON_RING_STALLED);
+    wpos += (uint64_t)r;
+    for (int k = 0; k < 16; k++) {                 /* more than the ring holds, all on TCP */
+        fill_pat(buf, 7, wpos, sizeof buf);
+        r = rs_send(p.cli, buf, sizeof buf, 1, 0);
+        if (r == -EAGAIN) break;
+        CHECK(r > 0, "rs_send on TCP returned %zd", r);
+        wpos += (uint64_t)r;
+    }
+    CHECK(wpos > in_ring + 8192, "only %llu bytes sent", (unsigned long long)wpos);
+    /* the consumer: the ring up to MOVED, then the socket, in order, nothing repeated */
+    CHECK_EQ(p.srv->fb, 0);
+    expect_pat(p.srv, 7, &rpos, in_ring);
+    expect_pat(p.srv, 7, &rpos, (size_t)(wpos - in_ring));
+    CHECK_EQ(p.srv->fb, 1);                          /* it saw MOVED: its direction follows */
+    CHECK_EQ(p.srv->fb_reason, RS_REASON_RING_STALLED);
+    CHECK_RING_ZERO(p.srv);
+    CHECK_EQ(rs_rx_available(p.srv), 0);
+    expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
+    /* the other direction: ring records first, then MOVED and the socket */
+    send_str(p.srv, "reply");
+    expect_str(p.cli, "reply");
+    send_str(p.srv, "more");
+    expect_str(p.cli, "more");
+    CHECK_EQ(p.srv->fb_done, 1);
+    CHECK_EQ(p.cli->fb_done, 1);
+    /* half-close travels as a TCP FIN now */
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    send_str(p.srv, "after fin");
+    expect_str(p.cli, "after fin");
+    pair_close(&p);
 }
 
 /* ---- 10. peer gone ----------------------------------------------------------------- */
@@ -2316,6 +2384,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "backpressure", t_backpressure },
     { "fin", t_fin },
     { "peer_gone", t_peer_gone },
+    { "stall_move", t_stall_move },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peek_waitall", t_peek_waitall },

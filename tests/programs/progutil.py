@@ -121,10 +121,17 @@ class Ctx:
         return recs
 
     def _problems(self, recs, min_conns):
+        # An upgraded connection whose ring later stalled (a reader that stopped reading)
+        # moves to TCP and logs a second line, reason ring_stalled: that is TCP's own
+        # behaviour carried over (docs/PROTOCOL.md 6.8), as long as it was upgraded first.
+        shm_keys = {(r["role"], r["local"], r["peer"]) for r in recs if r["transport"] == "shm"}
+        moved = [r for r in recs if "reason=ring_stalled" in r["line"]]
+        recs = [r for r in recs if r not in moved]
+        probs = ["a ring_stalled line for a connection never upgraded: " + r["line"]
+                 for r in moved if (r["role"], r["local"], r["peer"]) not in shm_keys and self.pairing == "both"][:1]
         clients = [r for r in recs if r["role"] == "client"]
         servers_ = [r for r in recs if r["role"] == "server"]
         other = [r for r in recs if r["role"] not in ("client", "server")]
-        probs = []
         if other:
             probs.append("lines with an unknown role")
         noaddr = [r for r in recs if addr_port(r["local"]) is None or addr_port(r["peer"]) is None]

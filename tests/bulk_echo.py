@@ -1,0 +1,157 @@
+"""Write-before-read traffic: the programs of tests/test_bulk_flow.py.
+
+Each role runs with plain sockets ("plain", or under the preload library when started by
+`rdmasock run --`) or with rdmasock.socket ("api").
+
+  bulk_echo.py server MODE                 prints "port N"; echoes every connection: reads
+                                           a chunk, sends it back whole, until EOF
+  bulk_echo.py proxy MODE UPSTREAM         prints "port N"; relays each connection to
+                                           UPSTREAM, both directions at once (a thread each,
+                                           blocking sendall: the proxy stops reading one
+                                           side while the other does not take its bytes)
+  bulk_echo.py client MODE PORT SIZE [duplex]
+                                           writes SIZE bytes before reading anything, then
+                                           reads the echo and checks it byte for byte (duplex:
+                                           a second thread reads while the first writes).
+                                           Prints one JSON line; exit 0 iff it matched.
+
+Every socket has a 120 s timeout, so a deadlock ends as a failure, not a hang.
+"""
+import hashlib
+import json
+import socket
+import sys
+import threading
+
+TIMEOUT = 120
+CHUNK = 256 * 1024
+
+
+def make_socket(mode):
+    if mode == "api":
+        import rdmasock
+        return rdmasock.socket(socket.AF_INET, socket.SOCK_STREAM)
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+
+def pattern(size):
+    out = bytearray()
+    block = hashlib.sha256(b"bulk").digest() * 2048          # 64 KiB
+    while len(out) < size:
+        out += block[: size - len(out)]
+        block = hashlib.sha256(block[:32]).digest() * 2048
+    return bytes(out)
+
+
+def listen(mode):
+    ls = make_socket(mode)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(64)
+    print("port %d" % ls.getsockname()[1], flush=True)
+    return ls
+
+
+def serve_forever(ls, handle):
+    while True:
+        c, _ = ls.accept()
+        c.settimeout(TIMEOUT)
+        threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+
+def echo(c):
+    try:
+        while True:
+            d = c.recv(CHUNK)
+            if not d:
+                break
+            c.sendall(d)
+        c.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        c.close()
+
+
+def relay(src, dst):
+    try:
+        while True:
+            d = src.recv(CHUNK)
+            if not d:
+                dst.shutdown(socket.SHUT_WR)
+                break
+            dst.sendall(d)
+    except OSError as e:
+        print("relay %d->%d: %s: %s" % (src.fileno(), dst.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
+
+
+def proxy(mode, upstream):
+    def handle(c):
+        u = make_socket(mode)
+        u.settimeout(TIMEOUT)
+        try:
+            u.connect(("127.0.0.1", upstream))
+        except OSError:
+            c.close()
+            return
+        t = threading.Thread(target=relay, args=(u, c), daemon=True)
+        t.start()
+        relay(c, u)
+        t.join(TIMEOUT)
+        c.close()
+        u.close()
+    serve_forever(listen(mode), handle)
+
+
+def read_all(s, got):
+    while True:
+        d = s.recv(CHUNK)
+        if not d:
+            break
+        got += d
+
+
+def client(mode, port, size, duplex):
+    data = pattern(size)
+    s = make_socket(mode)
+    s.settimeout(TIMEOUT)
+    s.connect(("127.0.0.1", port))
+    out = {"size": size, "mode": mode, "duplex": duplex}
+    got = bytearray()
+    reader = threading.Thread(target=read_all, args=(s, got), daemon=True)
+    try:
+        if duplex:
+            reader.start()
+        s.sendall(data)                        # without duplex nothing is read until all is out
+        s.shutdown(socket.SHUT_WR)
+        if duplex:
+            reader.join(TIMEOUT)
+        else:
+            read_all(s, got)
+        out["received"] = len(got)
+        out["ok"] = bytes(got) == data
+        if not out["ok"] and len(got) == size:
+            out["first_diff"] = next(i for i in range(size) if got[i] != data[i])
+    except OSError as e:
+        out["ok"] = False
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+    out["transport"] = getattr(s, "transport", None)
+    out["fallback_reason"] = getattr(s, "fallback_reason", None)
+    s.close()
+    print(json.dumps(out), flush=True)
+    return 0 if out["ok"] else 1
+
+
+def main(argv):
+    role, mode = argv[1], argv[2]
+    if role == "server":
+        serve_forever(listen(mode), echo)
+    elif role == "proxy":
+        proxy(mode, int(argv[3]))
+    elif role == "client":
+        return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"])
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
