@@ -357,6 +357,8 @@ class socket(_base):
             c = self._slow_rx()
             if c is None:
                 return _base.recv(self, bufsize, flags)
+        if flags & _socket.MSG_OOB:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))   # no urgent data is ever pending
         if bufsize <= _RBUF_SIZE:
             buf = self._rbuf
             if buf is None:
@@ -380,6 +382,8 @@ class socket(_base):
             c = self._slow_rx()
             if c is None:
                 return _base.recv_into(self, buffer, nbytes, flags)
+        if flags & _socket.MSG_OOB:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         p = _from_buffer(buffer, require_writable=True)
         size = len(p)
         if 0 < nbytes < size:

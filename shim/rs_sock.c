@@ -380,6 +380,8 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
         *plain = 1;
         return 0;
     }
+    /* Urgent data is never carried, so none is ever pending: what TCP answers then. */
+    if (flags & MSG_OOB) return -EINVAL;
     ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT), timeout);
     if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre)) end_preamble(s);
     else if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);

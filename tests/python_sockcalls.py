@@ -97,6 +97,12 @@ def client(port):
     out["after_reset"] = outcome(lambda: c.recv(1))
     c.close()
 
+    c = conn("late_byte")                # no urgent data pending: EINVAL, and the stream is intact
+    time.sleep(2 * DELAY)
+    out["recv_oob"] = outcome(lambda: c.recv(1, socket.MSG_OOB))
+    out["after_oob"] = outcome(lambda: c.recv(1).decode())
+    c.close()
+
     c = conn("quit")
     c.recv(1)                            # until the server closes
     c.close()

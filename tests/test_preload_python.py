@@ -45,13 +45,14 @@ def _without_time(o):
 
 def test_connections_were_upgraded(outcomes):
     _, (_, log) = outcomes
-    assert log.count("role=client") == 5 and log.count("transport=shm") == 10, log
+    assert log.count("role=client") == 6 and log.count("transport=shm") == 12, log
 
 
 def test_same_outcomes_as_kernel_sockets(outcomes):
     plain, (preloaded, _) = outcomes
     assert _without_time(preloaded) == _without_time(plain)
     assert plain["so_rcvtimeo"]["errno"] == 11 and plain["reset"]["errno"] == 104
+    assert plain["recv_oob"]["errno"] == 22 and plain["after_oob"]["result"] == "L"
 
 
 @pytest.mark.parametrize("case", ["so_rcvtimeo", "settimeout"])
