@@ -119,3 +119,24 @@ def test_moves_repeated_on_one_server(tmp_path, smode, cmode):
     finally:
         srv.stop()
     assert "reason=ring_stalled" in open(slog).read() or smode == "api"
+
+
+def test_duplex_on_a_busy_cpu(tmp_path):
+    """A reader thread and a writer thread on one socket, on CPUs kept busy by two other
+    processes: the writer's credit doorbell can be read by the reader going idle, and the
+    writer must still see the room (it once slept to its 120 s timeout, 1 run in ~5)."""
+    hogs = [subprocess.Popen([SYS_PY, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        slog = str(tmp_path / "server.log")
+        srv = Server("preload", "server", slog)
+        try:
+            for i in range(3):
+                out = _client("preload", srv.port, 64 * MiB, str(tmp_path / ("client%d.log" % i)), duplex=True)
+                assert out["received"] == 64 * MiB
+        finally:
+            srv.stop()
+        assert "transport=shm" in open(slog).read()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait(10)

@@ -352,7 +352,12 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
              * the kernel's wait (edge-triggered waiters have no other wake-up) */
             if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0)))
                 ready = 1;
-            if (s->m[i].events & EPOLLOUT) cap = rs_min_ms(cap, rs_ring_sleep_cap_ms(k->conn, POLLOUT));
+            if (s->m[i].events & EPOLLOUT) {
+                int m = rs_ring_sleep_cap_ms(k->conn, POLLOUT);
+                /* edge-triggered and room without a new edge: nothing to report, sleep */
+                if (m == 0 && (s->m[i].events & EPOLLET)) m = -1;
+                cap = rs_min_ms(cap, m);
+            }
             rs_sock_put(k);
         }
         if (ready) n = ep_from_rings(epfd, s, ev, 0, max);

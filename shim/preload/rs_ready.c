@@ -94,13 +94,17 @@ int rs_ring_arm(rs_conn *c, short events)
     return ready || RS_GET(c->err) || RS_GET(c->tcp_eof);
 }
 
-/* How long a kernel sleep may last for a socket armed with `events`: a wait for room in a
- * full shm ring must look again before RS_STALL_NS has passed, since only a look moves
- * a stalled ring to TCP (rs_fallback.c); -1: no limit. */
+/* How long a kernel sleep may last for a socket armed with `events` (-1: no limit).  A
+ * wait for room in a full ring looks again every RS_ROOM_RECHECK_MS: its credit doorbell
+ * can be read off the socket by another thread of the program going idle on the same
+ * socket (a reader and a writer thread), and only a look moves a stalled shm ring to
+ * TCP (rs_fallback.c).  Room that came since the arming: no sleep at all. */
+#define RS_ROOM_RECHECK_MS 10
 int rs_ring_sleep_cap_ms(rs_conn *c, short events)
 {
-    if (!(events & (POLLOUT | POLLWRNORM)) || c->rdma || rs_tx_writable(c)) return -1;
-    return (int)(RS_STALL_NS / 4000000u);
+    if (!(events & (POLLOUT | POLLWRNORM))) return -1;
+    if (rs_tx_writable(c)) return 0;
+    return c->rdma ? -1 : RS_ROOM_RECHECK_MS;
 }
 
 /* The shorter of two kernel sleep limits (-1: none). */
