@@ -6,6 +6,7 @@ accepted socket, advance a handshake.  The data path never enters Python.  Hands
 the same state machines as the Python API (upgrade.py); the descriptors belong to the
 application, so the engine works on duplicates it closes itself."""
 import errno
+import fcntl
 import os
 import socket as _socket
 import time
@@ -27,7 +28,18 @@ class AppSocket(_socket.socket):
     that number may be closed and reused while a handshake is in progress."""
 
     def __init__(self, app_fd):
-        super().__init__(fileno=os.dup(app_fd))
+        fd = os.dup(app_fd)
+        # The duplicate shares the open file, and with it O_NONBLOCK.  A socket object made
+        # while the host program has a socket.setdefaulttimeout() switches its file to
+        # non-blocking: the application's own socket would change under it.
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            super().__init__(fileno=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if fcntl.fcntl(fd, fcntl.F_GETFL) != flags:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 class _Handshake:

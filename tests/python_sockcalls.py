@@ -9,6 +9,7 @@ same.  Prints one JSON line of outcomes.
 Each case has its own connection.  The client writes one line naming the case; the
 server then does its part."""
 import json
+import os
 import signal
 import socket
 import struct
@@ -101,6 +102,29 @@ def client(port):
     time.sleep(2 * DELAY)
     out["recv_oob"] = outcome(lambda: c.recv(1, socket.MSG_OOB))
     out["after_oob"] = outcome(lambda: c.recv(1).decode())
+    c.close()
+
+    # socket.setdefaulttimeout() in the program, then a blocking socket (CPython's test_socket
+    # NetworkConnectionAttributesTest.testTimeoutNone): connect blocks, the socket stays blocking
+    socket.setdefaulttimeout(30)
+    try:
+        def connect_and_close():
+            s = socket.create_connection(("127.0.0.1", port), timeout=None)
+            s.close()
+            return "connected"
+        out["default_timeout_connect"] = outcome(connect_and_close)
+    finally:
+        socket.setdefaulttimeout(None)
+    c = socket.create_connection(("127.0.0.1", port))
+    socket.setdefaulttimeout(30)
+    try:
+        c2 = socket.create_connection(("127.0.0.1", port), timeout=None)
+        c2.sendall(b"late_byte\n")
+        out["default_timeout_blocking"] = outcome(lambda: "%s %s %s" % (c2.gettimeout(), os.get_blocking(c2.fileno()),
+                                                                        c2.recv(1).decode()))
+        c2.close()
+    finally:
+        socket.setdefaulttimeout(None)
     c.close()
 
     c = conn("quit")
