@@ -30,6 +30,7 @@ struct rs_tx {
     uint64_t last_data;       /* ring position of the last data record written */
     uint64_t records;
     uint8_t  fin_sent;        /* our FIN/RESET record written: writes fail with EPIPE */
+    uint8_t  wrote_to_gone;   /* the one write TCP accepts after the peer closed was made */
     uint64_t full_stops;      /* non-blocking writes cut short by a full ring (relaxed): an
                                * edge-triggered EPOLLOUT is due when room follows one */
     uint64_t stall_head;      /* credit when the ring was first seen full (rs_tx_stalled) */
@@ -63,6 +64,7 @@ struct rs_rx {
                                * consumed records may stay pending (no tidy system calls), and a
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
+    uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
     uint32_t suspect_lw, suspect_footer;

@@ -119,6 +119,10 @@ static int read_header(rs_conn *c)
     uint8_t h[RS_PRE_HDR];
     long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0) return 0;
+    /* A client that closed right after its HELLO, having sent nothing: our ACCEPT reached
+     * a closed socket (or sat unread in it) and its kernel answered with a reset.  Over
+     * TCP that close is an end of stream, so it is one here. */
+    if (n == -ECONNRESET && !c->rx.bytes && !c->rx.pre_seen) return 0;
     if (n < 0) return (int)n;
     if (n < RS_PRE_HDR) {
         /* Frames are written whole: the rest is in flight (or the client died). */
@@ -139,6 +143,7 @@ static int read_header(rs_conn *c)
     rs_c_recv(c, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
     if (h[0] == RS_PRE_SWITCH) RS_SET(c->rx.pre, 0);
     else c->rx.pre_left = len;
+    c->rx.pre_seen = 1;
     return 1;
 }
 

@@ -88,6 +88,18 @@ static int peer_gone(rs_conn *c)
     return -EPIPE;
 }
 
+/* A write to a peer that closed its socket.  TCP takes the first one (the kernel learns
+ * that the peer is gone only from the reset that write provokes, and the bytes are lost)
+ * and fails the ones after it with EPIPE; the peer's reset or a transport error is
+ * reported at once. */
+static ssize_t write_to_gone(rs_conn *c, size_t len)
+{
+    int r = peer_gone(c);
+    if (r != -EPIPE || c->tx.wrote_to_gone) return r;
+    c->tx.wrote_to_gone = 1;
+    return (ssize_t)len;
+}
+
 /* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */
 #define RS_KEEP_WHOLE 512u
 
@@ -148,6 +160,7 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
 {
     if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (!len) return c->tx.fin_sent ? -EPIPE : 0;      /* TCP: no bytes, no reset provoked */
     if (RS_GET(c->fb)) return rs_fb_send(c, buf, len, nonblock, timeout_ms);
     if (timeout_ms == 0) nonblock = 1;
     uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
@@ -173,11 +186,11 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
     if (timeout_ms == 0) nonblock = 1;
     uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     if (RS_GET(c->err)) return -RS_GET(c->err);
-    if (RS_GET(c->tcp_eof)) return peer_gone(c);
     if (c->tx.fin_sent) return -EPIPE;
-    /* The peer shut its side down; if it closed the socket altogether, TCP would fail this
-     * write with EPIPE: ask the kernel (only ever after a FIN record). */
-    if (c->rx.fin_seen && rs_peer_gone(c)) return peer_gone(c);
+    if (RS_GET(c->tcp_eof)) return write_to_gone(c, len);
+    /* The peer shut its side down; if it closed the socket altogether, TCP fails writes
+     * with EPIPE from the second on: ask the kernel (only ever after a FIN record). */
+    if (c->rx.fin_seen && rs_peer_gone(c)) return write_to_gone(c, len);
     while (sent < len) {
         uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
         uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
