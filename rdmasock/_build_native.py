@@ -68,6 +68,7 @@ void rs_quiesce_bells(rs_conn *c);
 long rs_fd_recv(int fd, void *buf, size_t n, int flags);
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_send_fin(rs_conn *c);
+int rs_fb_move_tx(rs_conn *c, int reason, int timeout_ms);
 void rs_shutdown_rd(rs_conn *c);
 int rs_tx_writable(rs_conn *c);
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);

@@ -358,7 +358,7 @@ class socket(_base):
             if c is None:
                 return _base.recv(self, bufsize, flags)
         if flags & _socket.MSG_OOB:
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))   # no urgent data is ever pending
+            return _base.recv(self, bufsize, flags)     # urgent data only ever comes over TCP (send)
         if bufsize <= _RBUF_SIZE:
             buf = self._rbuf
             if buf is None:
@@ -383,7 +383,7 @@ class socket(_base):
             if c is None:
                 return _base.recv_into(self, buffer, nbytes, flags)
         if flags & _socket.MSG_OOB:
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            return _base.recv_into(self, buffer, nbytes, flags)
         p = _from_buffer(buffer, require_writable=True)
         size = len(p)
         if 0 < nbytes < size:
@@ -435,11 +435,24 @@ class socket(_base):
             if n is not None:
                 return n
             return self.send(data, flags)
+        if flags & _socket.MSG_OOB:
+            return self._send_urgent(c, data, flags)
         p = _from_buffer(data)
         while True:
             r = _rs_send(c, p, len(p), 1 if flags & _NONBLOCK_FLAGS else 0, self._tmo)
             if r >= 0:
                 return r
+            if r != _EINTR:
+                self._fail(r)
+
+    def _send_urgent(self, c, data, flags):
+        """Urgent data exists only in TCP: the connection moves there first, behind every
+        byte sent before (reason urgent_data), then the kernel sends and marks it."""
+        while True:
+            r = lib.rs_fb_move_tx(c, reasons.CODE_BY_NAME["urgent_data"], 0 if flags & _NONBLOCK_FLAGS else self._tmo)
+            if r == 0:
+                self.transport                          # logs the move
+                return _base.send(self, data, flags)
             if r != _EINTR:
                 self._fail(r)
 

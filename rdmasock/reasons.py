@@ -29,6 +29,10 @@ RDMA_REASONS = {"no_pyverbs": "rdma_unavailable", "no_verbs_build": "rdma_unavai
 
 CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}
 
+# Reasons for a connection that was upgraded and later went on over TCP (rs_fallback.c):
+# its log shows a transport=tcp line after the transport=shm/rdma one.
+MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "peer_moved")
+
 
 def name(code):
     return REASONS.get(code, ("unknown_%d" % code, ""))[0]
@@ -36,7 +40,7 @@ def name(code):
 
 def moved_to_tcp(conn):
     """(reason name, detail) of a connection whose ring went on over TCP mid-stream
-    (shim/rs_fallback.c): rdma_failed with the failure's message, or ring_stalled."""
+    (shim/rs_fallback.c): rdma_failed with the failure's message, or one of MID_STREAM."""
     name_ = name(conn.fb_reason) if conn.fb_reason else "rdma_failed"
     if name_ == "rdma_failed":
         return name_, ffi.string(lib.rs_conn_errmsg(conn)).decode(errors="replace")

@@ -89,7 +89,7 @@ struct rs_conn {
     int      err;             /* sticky error (positive errno), 0 if healthy (rs_conn_set_error) */
     uint8_t  tcp_eof;         /* the TCP socket reported EOF/HUP: the peer process is gone */
     uint8_t  fb;              /* the stream moves to TCP: set once, by whichever side noticed */
-    uint8_t  fb_reason;       /* why: RS_REASON_RDMA_FAILED or RS_REASON_RING_STALLED */
+    uint8_t  fb_reason;       /* why: the first cause (RS_REASON_*), rs_fb_begin */
     uint8_t  fb_done;         /* both directions plain TCP: the kernel socket tells readiness */
     uint8_t  err_claimed;
     uint8_t  reset_reported;  /* the peer's reset was reported (rs_conn_reset_once) */
@@ -155,6 +155,7 @@ void     rs_tx_put_moved(rs_conn *c);
 /* rs_consume.c */
 ssize_t  rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t  rs_rx_available(rs_conn *c);
+int      rs_rx_reach_tcp(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
 int      rs_rx_ready_locked(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
@@ -209,6 +210,8 @@ void     rs_fb_kick(rs_conn *c);
 void     rs_fb_rx_moved(rs_conn *c);
 ssize_t  rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
 ssize_t  rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+int      rs_fb_move_tx(rs_conn *c, int reason, int timeout_ms);
+int      rs_fb_rx_plain(rs_conn *c);
 int      rs_fb_rx_ready(rs_conn *c);
 int      rs_fb_tx_writable(rs_conn *c);
 int      rs_fb_tx_pending(rs_conn *c);
@@ -230,5 +233,6 @@ uint64_t rs_ring_memory_max(void);
 #define RS_MSG_PEEK     0x02
 #define RS_MSG_WAITALL  0x100
 #define RS_MSG_DONTWAIT 0x40
+#define RS_MSG_TRUNC    0x20
 
 #endif

@@ -308,12 +308,52 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
     return found;
 }
 
+/* Without waiting: steps over a MOVED record at the front of the ring and over the
+ * socket's doorbells, frame and repeat that follow it.  1 if the stream now reads
+ * straight from the socket. */
+int rs_rx_reach_tcp(rs_conn *c)
+{
+    uint8_t none;
+    if (!rs_rx_on_tcp(c)) {
+        rs_lock(&c->rx.lock);
+        if (!c->rx.cur_len) rs_rx_take(c, &none, 0, 0);
+        rs_unlock(&c->rx.lock);
+    }
+    if (rs_rx_on_tcp(c) && !rs_fb_rx_plain(c)) rs_fb_recv(c, &none, 1, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
+    return rs_fb_rx_plain(c);
+}
+
 static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+
+/* MSG_TRUNC on a TCP socket: the bytes are taken and thrown away (with MSG_PEEK only
+ * counted), the count is the answer and the buffer is never touched (tcp(7)). */
+static ssize_t recv_discard(rs_conn *c, size_t len, int flags, int timeout_ms)
+{
+    uint8_t sink[4096];
+    uint64_t deadline = rs_deadline(timeout_ms);
+    if (flags & RS_MSG_PEEK) {
+        ssize_t r = rs_recv(c, sink, 1, flags, timeout_ms);
+        if (r <= 0) return r;
+        long avail = rs_rx_available(c);
+        return avail < 1 ? 1 : (size_t)avail > len ? (ssize_t)len : (ssize_t)avail;
+    }
+    size_t done = 0;
+    while (done < len) {
+        size_t n = len - done < sizeof sink ? len - done : sizeof sink;
+        /* as one read: only the first piece (or every piece, MSG_WAITALL) may wait */
+        int fl = done && !(flags & RS_MSG_WAITALL) ? flags | RS_MSG_DONTWAIT : flags;
+        ssize_t r = rs_recv(c, sink, n, fl, timeout_ms > 0 ? rs_ms_until(deadline) : timeout_ms);
+        if (r <= 0) return done ? (ssize_t)done : r;
+        done += (size_t)r;
+    }
+    return (ssize_t)done;
+}
 
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     ssize_t got = 0;
     if (len == 0) return 0;
+    if (flags & RS_MSG_TRUNC) return recv_discard(c, len, flags & ~RS_MSG_TRUNC, timeout_ms);
     uint64_t deadline = rs_deadline(timeout_ms);      /* one timeout for the whole call */
     while (RS_GET(c->rx.pre)) {
         ssize_t r = rs_pre_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags,

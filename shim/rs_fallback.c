@@ -215,6 +215,17 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
     return (ssize_t)sent;
 }
 
+/* The program asked for what only TCP carries (urgent data): our direction moves to the
+ * socket now (rdma: the whole connection), its frame and resend leave before the caller's
+ * own call on the socket.  0, or -errno (-EAGAIN: the socket's buffer is full and the call
+ * may not wait). */
+int rs_fb_move_tx(rs_conn *c, int reason, int timeout_ms)
+{
+    rs_fb_begin(c, reason);
+    ssize_t r = rs_fb_send(c, NULL, 0, timeout_ms == 0, timeout_ms);
+    return r < 0 ? (int)r : 0;
+}
+
 /* Half-close while falling back (caller holds tx_lock): a TCP FIN after the resend. */
 void rs_fb_shutdown(rs_conn *c)
 {
@@ -329,7 +340,14 @@ static void rx_leave_ring(rs_conn *c)
 void rs_fb_rx_moved(rs_conn *c)
 {
     __atomic_store_n(&c->rx.fb, RX_BELLS, __ATOMIC_RELEASE);
-    rs_fb_begin(c, RS_REASON_RING_STALLED);
+    rs_fb_begin(c, RS_REASON_PEER_MOVED);
+}
+
+/* 1 once every byte the ring will ever give was delivered and the stream reads straight
+ * from the socket. */
+int rs_fb_rx_plain(rs_conn *c)
+{
+    return __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) == RX_PLAIN;
 }
 
 ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)

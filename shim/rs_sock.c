@@ -241,8 +241,8 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     /* The TCP socket now carries only doorbells: Nagle would hold one back for a delayed
      * ACK.  The application's own setting is kept virtually (rs_sock_setopt_seen). */
     syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c->rx.lazy_tidy = !s->ep_unknown;              /* the hooks answer readiness from the ring */
     s->conn = c;
+    rs_sock_flags_seen(s, (int)syscall(SYS_fcntl, s->fd, F_GETFL));
     s->forked = 0;                              /* made in this process: nobody else has the ring */
 }
 
@@ -380,12 +380,15 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
         *plain = 1;
         return 0;
     }
-    /* Urgent data is never carried, so none is ever pending: what TCP answers then. */
-    if (flags & MSG_OOB) return -EINVAL;
-    ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT), timeout);
+    /* Urgent data only ever travels over TCP (send_urgent): the kernel has it, or none. */
+    if (flags & MSG_OOB) { *plain = 1; return 0; }
+    ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT | MSG_TRUNC), timeout);
     if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre)) end_preamble(s);
     else if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
-    if (r > 0 && s->stat && !(flags & MSG_PEEK)) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    if (r > 0 && !(flags & MSG_PEEK)) {
+        __atomic_fetch_add(&s->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+        if (s->stat) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    }
     return r;
 }
 
@@ -414,8 +417,43 @@ static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, uint6
     return (ssize_t)sent;
 }
 
+/* A call that must travel the way the data will (a half-close, urgent data) first waits,
+ * bounded, for a handshake to end; one that does not end leaves the socket plain TCP.
+ * Returns the state. */
+static int settle_handshake(struct rs_sock *s)
+{
+    int st = rs_sock_state(s);
+    if (st != RS_CLIENT_HS && st != RS_SERVER_HS) return st;
+    if (!rs_sock_step(s, RS_HS_WRITE_WAIT_MS)) {
+        pthread_mutex_lock(&s->lock);
+        if (s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS) {
+            if (rs_host && rs_host->drop) rs_host->drop(s->handle);
+            s->handle = -1;
+            __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    return rs_sock_state(s);
+}
+
+/* Urgent data exists only in TCP: the connection moves there first (reason urgent_data),
+ * behind every byte written before, and the caller's own send then goes to the kernel
+ * (*plain), which marks the byte urgent as it always does. */
+static ssize_t send_urgent(struct rs_sock *s, int flags, int *plain)
+{
+    *plain = 1;
+    if (settle_handshake(s) != RS_RING) return 0;
+    int r = rs_fb_move_tx(s->conn, RS_REASON_URGENT_DATA, call_timeout(s, flags, s->sndtimeo_ms));
+    note_fallback(s);
+    if (r == 0) return 0;
+    *plain = 0;
+    if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+    return r;
+}
+
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)
 {
+    if (__builtin_expect(flags & MSG_OOB, 0)) return send_urgent(s, flags, plain);
     int timeout = call_timeout(s, flags, s->sndtimeo_ms);
     uint64_t deadline = rs_deadline(timeout);
     int st = prepare(s, 1, timeout);
@@ -446,32 +484,63 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
         return 0;
     }
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
-    if (r > 0 && s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    if (r > 0) {
+        __atomic_fetch_add(&s->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+        if (s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    }
     return r;
 }
 
 int rs_sock_shutdown(struct rs_sock *s, int how, int *plain)
 {
     *plain = 0;
-    int st = rs_sock_state(s);
-    if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
-        /* The half-close must travel the way the data will: wait (bounded) for the answer. */
-        if (!rs_sock_step(s, RS_HS_WRITE_WAIT_MS)) {
-            pthread_mutex_lock(&s->lock);
-            if (s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS) {
-                if (rs_host && rs_host->drop) rs_host->drop(s->handle);
-                s->handle = -1;
-                __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
-            }
-            pthread_mutex_unlock(&s->lock);
-        }
-        st = rs_sock_state(s);
-    }
-    if (st != RS_RING) { *plain = 1; return 0; }
+    if (settle_handshake(s) != RS_RING) { *plain = 1; return 0; }
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
     if (how != SHUT_WR) rs_shutdown_rd(s->conn);
     if (how != SHUT_RD) rs_send_fin(s->conn);
     return 0;
+}
+
+/* SIOCATMARK: urgent data comes only over TCP, behind everything the ring carried, so the
+ * mark can be reached only once the stream reads from the socket; until then the answer
+ * is "not at the mark", from then on the kernel's (*plain). */
+int rs_sock_at_mark(struct rs_sock *s, int *plain)
+{
+    *plain = rs_sock_state(s) != RS_RING || rs_rx_reach_tcp(s->conn);
+    return 0;
+}
+
+/* The kernel's TCP_INFO describes the socket, which carried only the handshake and the
+ * doorbells: its payload byte counters become the connection's (ring bytes are in the
+ * peer's memory when written: sent, acknowledged and received at once). */
+void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
+{
+    if (rs_sock_state(s) != RS_RING) return;
+    uint64_t in = __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED), out = __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED);
+    ssize_t queued = rs_rx_available(s->conn);
+    if (queued > 0) in += (uint64_t)queued;
+    out += 1 + (s->conn->tx.fin_sent ? 1 : 0);    /* Linux counts the SYN and FIN as acknowledged bytes */
+    /* offsets in the kernel's struct tcp_info (linux/tcp.h; an ABI, fields never move),
+     * which glibc's <netinet/tcp.h> does not declare this far */
+    static const struct { unsigned off; int in; } field[] = {
+        { 120, 0 },     /* tcpi_bytes_acked */
+        { 128, 1 },     /* tcpi_bytes_received */
+        { 200, 0 },     /* tcpi_bytes_sent (counts the SYN and FIN too) */
+    };
+    for (unsigned i = 0; i < sizeof field / sizeof field[0]; i++)
+        if (len >= field[i].off + 8) memcpy((char *)info + field[i].off, field[i].in ? &in : &out, 8);
+}
+
+/* The application's file status flags (F_SETFL, already done; or as found).  The hooks
+ * answer readiness from the ring, so doorbells of consumed records may stay unread
+ * (lazy tidy), except where a doorbell is all there is to see: a socket registered with
+ * epoll in a way we could not take over, or one that signals SIGIO (O_ASYNC), whose
+ * program learns of each new record only from a new doorbell's arrival. */
+void rs_sock_flags_seen(struct rs_sock *s, int fl)
+{
+    if (fl < 0) return;
+    s->nonblock = (fl & O_NONBLOCK) != 0;
+    if (s->conn) s->conn->rx.lazy_tidy = !s->ep_unknown && !(fl & O_ASYNC);
 }
 
 /* The application set an option on the kernel socket (already done): what we mirror. */

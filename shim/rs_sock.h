@@ -70,6 +70,8 @@ struct rs_sock {
     int     *fds;
     rs_conn *conn;            /* RING, PRE_RX */
     struct rs_stat_slot *stat;
+    uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
+    uint64_t tx_bytes;
     pthread_mutex_t lock;     /* state transitions and the descriptor list */
     struct rs_sock *all_next; /* every object ever made (fork fix-up) */
     struct rs_sock *free_next;
@@ -99,6 +101,9 @@ void rs_sock_settle(struct rs_sock *s);              /* one non-blocking step to
 ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain);
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
+int     rs_sock_at_mark(struct rs_sock *s, int *plain);             /* SIOCATMARK */
+void    rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len);  /* after the kernel's TCP_INFO */
 void    rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len);
+void    rs_sock_flags_seen(struct rs_sock *s, int fl);                  /* after F_SETFL */
 
 #endif

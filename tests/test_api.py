@@ -57,6 +57,39 @@ def test_recv_variants(pair):
     assert s.recv(100, socket.MSG_WAITALL) == b"x" * 100
 
 
+def test_urgent_data_moves_the_connection_to_tcp(pair):
+    """MSG_OOB exists only in TCP: the sender's connection moves there behind what it sent
+    before (reason urgent_data, the peer's peer_moved); the urgent byte and the stream
+    arrive as over TCP."""
+    import select
+    c, s = pair()
+    c.sendall(b"ab")
+    assert recv_exact(s, 2) == b"ab"
+    with pytest.raises(OSError) as e:
+        s.recv(1, socket.MSG_OOB)                        # none pending yet
+    assert e.value.errno == errno.EINVAL
+    c.sendall(b"12")
+    assert c.send(b"c", socket.MSG_OOB) == 1
+    c.sendall(b"de")
+    p = select.poll()
+    p.register(s.fileno(), select.POLLPRI)
+    assert p.poll(3000)
+    assert s.recv(1, socket.MSG_OOB) == b"c"
+    assert recv_exact(s, 4) == b"12de"
+    s.sendall(b"back")
+    assert recv_exact(c, 4) == b"back"
+    assert (c.transport, c.fallback_reason) == ("tcp", "urgent_data")
+    assert (s.transport, s.fallback_reason) == ("tcp", "peer_moved")
+
+
+def test_recv_trunc_discards(pair):
+    c, s = pair()
+    c.sendall(bytes(range(200)))
+    assert len(s.recv(50, socket.MSG_PEEK | socket.MSG_TRUNC)) == 50
+    assert len(s.recv(150, socket.MSG_TRUNC | socket.MSG_WAITALL)) == 150
+    assert recv_exact(s, 50) == bytes(range(150, 200))
+
+
 def test_makefile_text_and_binary(pair):
     c, s = pair()
     wf, rf = c.makefile("w"), s.makefile("r")

@@ -20,7 +20,8 @@ static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *
     if (k < 0) return k;
     int ready = 0;
     for (nfds_t i = 0; i < n; i++) {
-        if (socks[i]) fds[i].revents = rs_ring_revents(socks[i]->conn, want[i]);
+        /* urgent data comes only over TCP (rs_sock.c send_urgent): the kernel knows */
+        if (socks[i]) fds[i].revents = rs_ring_revents(socks[i]->conn, want[i]) | (fds[i].revents & want[i] & POLLPRI);
         if (fds[i].revents) ready++;
     }
     return ready;
@@ -44,7 +45,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         want[i] = fds[i].events;
         if (!socks[i]) continue;
         nring++;
-        fds[i].events = POLLIN | POLLRDHUP;     /* doorbells (data and credit) */
+        fds[i].events = POLLIN | POLLRDHUP | (want[i] & POLLPRI);     /* doorbells (data and credit), urgent data */
         if (!rs_peer_shares_cpu(socks[i]->conn)) apart = 1;
     }
     int r;
@@ -80,7 +81,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         int ms = rs_ms_until(deadline);
         for (nfds_t i = 0; i < n; i++) {    /* a resend after an RDMA failure must get out */
             if (!socks[i]) continue;
-            fds[i].events = POLLIN | POLLRDHUP | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
+            fds[i].events = POLLIN | POLLRDHUP | (want[i] & POLLPRI) | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
             ms = rs_min_ms(ms, rs_ring_sleep_cap_ms(socks[i]->conn, want[i]));
         }
         r = kernel_poll(fds, n, ms, mask);

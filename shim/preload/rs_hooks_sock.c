@@ -192,7 +192,7 @@ RS_EXPORT int fcntl(int fd, int cmd, ...)
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) return share(fd, r);
     if (cmd == F_SETFL) {
         struct rs_sock *s = rs_sock_of(fd);
-        if (s) { s->nonblock = (arg & O_NONBLOCK) != 0; rs_sock_put(s); }
+        if (s) { rs_sock_flags_seen(s, (int)arg); rs_sock_put(s); }
     }
     return r;
 }
@@ -210,9 +210,12 @@ RS_EXPORT int ioctl(int fd, unsigned long req, ...)
     if (!s) return rs_real.ioctl(fd, req, arg);
     int r;
     if (req == FIONREAD && rs_sock_in_handshake(s)) rs_sock_step(s, 0);   /* handshake bytes are not data */
+    int plain = 1;
     if (req == FIONREAD && rs_sock_state(s) == RS_RING) {
         *(int *)arg = (int)rs_rx_available(s->conn);
         r = 0;
+    } else if (req == SIOCATMARK && (r = rs_sock_at_mark(s, &plain), !plain)) {
+        *(int *)arg = 0;
     } else {
         r = rs_real.ioctl(fd, req, arg);
         if (r == 0 && req == FIONBIO) s->nonblock = *(int *)arg != 0;
@@ -233,6 +236,7 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
         r = 0;
     } else {
         r = rs_real.getsockopt(fd, level, name, val, len);
+        if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && val && len) rs_sock_tcp_info(s, val, *len);
         /* A nonblocking connect is finished by reading SO_ERROR: the HELLO leaves now. */
         if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && rs_sock_state(s) == RS_CLIENT_HS &&
             s->hello_pending && val && *(int *)val == 0)

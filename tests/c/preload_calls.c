@@ -23,6 +23,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -2292,6 +2294,231 @@ static void reset_client(void)
     ctl_send("done", 0);
 }
 
+/* ---- urgent: MSG_OOB both ways, SIOCATMARK, POLLPRI (over rdmasock the connection
+ * moves to TCP, reason urgent_data, behind the bytes before) ------------------------- */
+static void urgent_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    char c;
+    errno = 0;
+    ssize_t r = recv(fd, &c, 1, MSG_OOB | MSG_DONTWAIT);
+    CHECK("oob_none_pending", r < 0 && errno == EINVAL, "recv(MSG_OOB) returned %zd errno=%d", r, errno);
+    ctl_send("go", 0);
+    struct pollfd p = { fd, POLLPRI, 0 };
+    r = poll(&p, 1, WAIT_MS);
+    CHECK("poll_pri_urgent", r == 1 && (p.revents & POLLPRI), "poll returned %zd revents=0x%x", r, p.revents);
+    ctl_need("sent", NULL);
+    sleep_ms(50);                                   /* "de" is here too */
+    char in[64];
+    size_t got = 0;
+    int mark = 0;
+    for (int i = 0; i < 20 && got < sizeof in; i++) {
+        if (ioctl(fd, SIOCATMARK, &mark) < 0) { mark = -errno; break; }
+        if (mark) break;
+        r = recv(fd, in + got, sizeof in - got, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    CHECK("inband_before_mark", mark == 1 && got == 2 && !memcmp(in, "ab", 2),
+          "mark=%d after %zu in-band bytes '%.*s'", mark, got, (int)got, in);
+    r = recv(fd, &c, 1, MSG_OOB);
+    CHECK("oob_byte", r == 1 && c == 'c', "recv(MSG_OOB) returned %zd errno=%d byte 0x%02x", r, errno, (uint8_t)c);
+    r = rd_full(fd, in, 2);
+    CHECK("inband_after_mark", r == 2 && !memcmp(in, "de", 2), "read %zd errno=%d", r, errno);
+    CHECK("reply_after_oob", wr_all(fd, "ok", 2) == 2, "errno=%d", errno);
+    r = rd_full(fd, in, 1);
+    CHECK("eof_after_oob", r == 0, "read returned %zd errno=%d", r, errno);
+    close(fd);
+}
+
+static void urgent_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    ctl_need("go", NULL);
+    char in[2];
+    ssize_t r1 = send(fd, "ab", 2, 0), r2 = send(fd, "c", 1, MSG_OOB), r3 = send(fd, "de", 2, 0);
+    CHECK("send_oob", r1 == 2 && r2 == 1 && r3 == 2, "sends returned %zd %zd %zd errno=%d", r1, r2, r3, errno);
+    ctl_send("sent", 0);
+    ssize_t r = rd_full(fd, in, 2);
+    CHECK("read_after_oob", r == 2 && !memcmp(in, "ok", 2), "read %zd errno=%d", r, errno);
+    close(fd);
+}
+
+/* ---- tcpstate: TCP_INFO, SIOCOUTQ, TCP_CORK, MSG_TRUNC, getpeername ------------------ */
+#define TS_N 10000
+
+static int tcp_info_of(int fd, struct tcp_info *ti, uint64_t *acked, uint64_t *received)
+{
+    uint8_t raw[256];                              /* the kernel's struct, longer than glibc's */
+    socklen_t l = sizeof raw;
+    memset(raw, 0, sizeof raw);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, raw, &l) < 0 || l < 136) return -1;
+    memcpy(ti, raw, sizeof *ti);
+    memcpy(acked, raw + 120, 8);                   /* tcpi_bytes_acked (linux/tcp.h) */
+    memcpy(received, raw + 128, 8);                /* tcpi_bytes_received */
+    return 0;
+}
+
+static void tcpstate_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    unsigned long long cport = 0;
+    ctl_need("port", &cport);
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    CHECK("getpeername", getpeername(fd, (struct sockaddr *)&a, &al) == 0 && ntohs(a.sin_port) == cport &&
+          a.sin_addr.s_addr == htonl(INADDR_LOOPBACK), "errno=%d port %d want %llu", errno, ntohs(a.sin_port), cport);
+    al = sizeof a;
+    CHECK("getsockname", getsockname(fd, (struct sockaddr *)&a, &al) == 0 && ntohs(a.sin_port) == g_port,
+          "errno=%d port %d", errno, ntohs(a.sin_port));
+    int last = 0;
+    CHECK("fionread_all_arrived", wait_fionread(fd, TS_N, &last), "FIONREAD %d", last);
+    struct tcp_info ti;
+    uint64_t acked = 0, received = 0;
+    int r = tcp_info_of(fd, &ti, &acked, &received);
+    CHECK("tcp_info_state", r == 0 && ti.tcpi_state == TCP_ESTABLISHED, "r=%d state=%d", r, ti.tcpi_state);
+    CHECK("tcp_info_bytes_received", r == 0 && received == TS_N + 2, "bytes_received %llu want %d",
+          (unsigned long long)received, TS_N + 2);     /* + the two warm-up bytes */
+    ssize_t n = recv(fd, NULL, 100, MSG_PEEK | MSG_TRUNC);
+    CHECK("recv_peek_trunc", n == 100, "returned %zd errno=%d", n, errno);
+    n = recv(fd, NULL, 4000, MSG_TRUNC | MSG_WAITALL);
+    CHECK("recv_trunc_discards", n == 4000, "returned %zd errno=%d", n, errno);
+    char why[200];
+    CHECK("data_after_trunc", recv_pat(fd, 91, 4000, TS_N - 4000, why, sizeof why), "%s", why);
+    ctl_send("read", 0);
+    char c[3];
+    n = rd_full(fd, c, 3);
+    CHECK("cork_data", n == 3 && !memcmp(c, "xyz", 3), "read %zd errno=%d", n, errno);
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void tcpstate_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &al) < 0) die("getsockname");
+    ctl_send("port", ntohs(a.sin_port));
+    CHECK("tcpstate_send", send_pat(fd, 91, 0, TS_N), "errno=%d", errno);
+    ctl_need("read", NULL);
+    /* everything was read: nothing waits for an acknowledgement any more */
+    long long end = now_ms() + WAIT_MS;
+    int q = -1;
+    while (now_ms() < end && (ioctl(fd, SIOCOUTQ, &q) < 0 || q != 0)) sleep_ms(2);
+    CHECK("siocoutq_drained", q == 0, "SIOCOUTQ %d", q);
+    struct tcp_info ti;
+    uint64_t acked = 0, received = 0;
+    int r = tcp_info_of(fd, &ti, &acked, &received);
+    CHECK("tcp_info_bytes_acked", r == 0 && acked == TS_N + 3, "bytes_acked %llu want %d",
+          (unsigned long long)acked, TS_N + 3);        /* Linux counts the SYN as an acknowledged byte */
+    int one = 1, v = 0;
+    socklen_t vl = sizeof v;
+    CHECK("tcp_cork_set", setsockopt(fd, IPPROTO_TCP, TCP_CORK, &one, sizeof one) == 0 &&
+          getsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, &vl) == 0 && v == 1, "v=%d errno=%d", v, errno);
+    ssize_t n = send(fd, "xy", 2, MSG_MORE);
+    n += send(fd, "z", 1, 0);
+    int zero = 0;
+    CHECK("tcp_cork_clear", n == 3 && setsockopt(fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero) == 0 &&
+          getsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, &vl) == 0 && v == 0, "sent %zd v=%d errno=%d", n, v, errno);
+    ctl_send("done", 0);
+    close(fd);
+}
+
+/* ---- sigio: O_ASYNC + F_SETOWN; a program that reads until EAGAIN on each SIGIO sees
+ * every message (it waits for nothing but the signal) --------------------------------- */
+#define SIGIO_ROUNDS 3
+static void sigio_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    sigset_t io, old;
+    sigemptyset(&io);
+    sigaddset(&io, SIGIO);
+    sigprocmask(SIG_BLOCK, &io, &old);             /* taken with sigtimedwait */
+    int fl = fcntl(fd, F_GETFL);
+    CHECK("o_async_set", fcntl(fd, F_SETOWN, getpid()) == 0 && fcntl(fd, F_SETFL, fl | O_ASYNC | O_NONBLOCK) == 0 &&
+          (fcntl(fd, F_GETFL) & O_ASYNC) && fcntl(fd, F_GETOWN) == getpid(), "errno=%d", errno);
+    char buf[64];
+    while (read(fd, buf, sizeof buf) > 0) { }
+    struct timespec zero = { 0, 0 };
+    while (sigtimedwait(&io, NULL, &zero) > 0) { }
+    int ok = 1;
+    for (int i = 0; i < SIGIO_ROUNDS && ok; i++) {
+        char want[8];
+        snprintf(want, sizeof want, "m%d", i);
+        ctl_send("ready", (unsigned long long)i);
+        size_t got = 0;
+        long long end = now_ms() + WAIT_MS;
+        while (got < 2 && now_ms() < end) {
+            long long left = end - now_ms();
+            struct timespec ts = { left / 1000, (left % 1000) * 1000000L };
+            if (sigtimedwait(&io, NULL, &ts) != SIGIO) continue;
+            ssize_t r;
+            while ((r = read(fd, buf + got, sizeof buf - got)) > 0) got += (size_t)r;
+        }
+        ok = got == 2 && !memcmp(buf, want, 2);
+        if (!ok) report(0, "sigio_each_message", "round %d: %zu bytes after waiting for SIGIO", i, got);
+    }
+    if (ok) report(1, "sigio_each_message", NULL);
+    fcntl(fd, F_SETFL, fl);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    ctl_send("done", 0);
+    close(fd);
+}
+
+static void sigio_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    for (int i = 0; i < SIGIO_ROUNDS; i++) {
+        unsigned long long v;
+        if (ctl_wait("ready", &v, WAIT_MS + 1000) < 0) break;
+        char m[8];
+        snprintf(m, sizeof m, "m%d", (int)v);
+        sleep_ms(20);
+        if (wr_all(fd, m, 2) != 2) break;
+    }
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+/* ---- refused: SO_ERROR after a non-blocking connect to a port nobody listens on ------ */
+static void refused_server(void) { }
+
+static void refused_client(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = server_addr();
+    a.sin_port = 0;
+    socklen_t al = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || getsockname(l, (struct sockaddr *)&a, &al) < 0)
+        die("refused bind");
+    close(l);                                      /* a port known to have no listener */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int e = errno;
+    if (r < 0 && e == EINPROGRESS) {
+        struct pollfd p = { fd, POLLOUT, 0 };
+        poll(&p, 1, WAIT_MS);
+        int err = 0;
+        socklen_t el = sizeof err;
+        r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        CHECK("so_error_refused", r == 0 && err == ECONNREFUSED, "getsockopt %d SO_ERROR %d", r, err);
+        el = sizeof err;
+        r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        CHECK("so_error_cleared", r == 0 && err == 0, "second SO_ERROR %d", err);
+    } else {
+        CHECK("so_error_refused", r < 0 && e == ECONNREFUSED, "connect returned %d errno=%d", r, e);
+        CHECK("so_error_cleared", 1, NULL);
+    }
+    close(fd);
+}
+
 /* ======================================================================================== */
 
 struct test {
@@ -2329,6 +2556,10 @@ static const struct test tests[] = {
     { "sendsig", sendsig_server, sendsig_client },
     { "timeo_fresh", timeo_fresh_server, timeo_fresh_client },
     { "reset", reset_server, reset_client },
+    { "urgent", urgent_server, urgent_client },
+    { "tcpstate", tcpstate_server, tcpstate_client },
+    { "refused", refused_server, refused_client },
+    { "sigio", sigio_server, sigio_client },
 };
 #define NTESTS ((int)(sizeof tests / sizeof tests[0]))
 

@@ -1119,7 +1119,7 @@ static void t_stall_move(void)
     expect_pat(p.srv, 7, &rpos, in_ring);
     expect_pat(p.srv, 7, &rpos, (size_t)(wpos - in_ring));
     CHECK_EQ(p.srv->fb, 1);                          /* it saw MOVED: its direction follows */
-    CHECK_EQ(p.srv->fb_reason, RS_REASON_RING_STALLED);
+    CHECK_EQ(p.srv->fb_reason, RS_REASON_PEER_MOVED);
     CHECK_RING_ZERO(p.srv);
     CHECK_EQ(rs_rx_available(p.srv), 0);
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
