@@ -436,14 +436,14 @@ static int settle_handshake(struct rs_sock *s)
     return rs_sock_state(s);
 }
 
-/* Urgent data exists only in TCP: the connection moves there first (reason urgent_data),
- * behind every byte written before, and the caller's own send then goes to the kernel
- * (*plain), which marks the byte urgent as it always does. */
-static ssize_t send_urgent(struct rs_sock *s, int flags, int *plain)
+/* A write only the kernel can make (urgent data, splice): the connection moves to TCP
+ * first (docs/PROTOCOL.md 6.8), behind every byte written before, and the caller's own
+ * call then goes to the kernel (*plain). */
+int rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain)
 {
     *plain = 1;
     if (settle_handshake(s) != RS_RING) return 0;
-    int r = rs_fb_move_tx(s->conn, RS_REASON_URGENT_DATA, call_timeout(s, flags, s->sndtimeo_ms));
+    int r = rs_fb_move_tx(s->conn, reason, call_timeout(s, flags, s->sndtimeo_ms));
     note_fallback(s);
     if (r == 0) return 0;
     *plain = 0;
@@ -453,7 +453,8 @@ static ssize_t send_urgent(struct rs_sock *s, int flags, int *plain)
 
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)
 {
-    if (__builtin_expect(flags & MSG_OOB, 0)) return send_urgent(s, flags, plain);
+    /* urgent data exists only in TCP: the kernel marks the byte, as it always does */
+    if (__builtin_expect(flags & MSG_OOB, 0)) return rs_sock_move_tx(s, RS_REASON_URGENT_DATA, flags, plain);
     int timeout = call_timeout(s, flags, s->sndtimeo_ms);
     uint64_t deadline = rs_deadline(timeout);
     int st = prepare(s, 1, timeout);

@@ -101,6 +101,7 @@ void rs_sock_settle(struct rs_sock *s);              /* one non-blocking step to
 ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain);
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
+int     rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain);  /* then the kernel's call */
 int     rs_sock_at_mark(struct rs_sock *s, int *plain);             /* SIOCATMARK */
 void    rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len);  /* after the kernel's TCP_INFO */
 void    rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len);

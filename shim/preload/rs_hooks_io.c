@@ -3,6 +3,7 @@
  * through the socket object (shim/rs_sock.c) into the ring, with no system call while the
  * ring has room or data. */
 #include "rs_preload.h"
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -206,6 +207,108 @@ RS_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
     HOOK(send_file(s_, in, off, count, &plain_), rs_real.sendfile(out, in, off, count));
 }
 RS_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count) __attribute__((alias("sendfile")));
+
+/* The vector forms: each message is one recvmsg/sendmsg, as the kernel does them. */
+static int recv_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags, int *plain)
+{
+    unsigned i = 0;
+    *plain = 0;
+    for (; i < n; i++) {
+        ssize_t r = recv_msg(s, &v[i].msg_hdr, flags, plain);
+        if (*plain) return 0;
+        if (r < 0) return i ? (int)i : (int)r;
+        v[i].msg_len = (unsigned)r;
+        if (flags & MSG_WAITFORONE) flags |= MSG_DONTWAIT;
+    }
+    return (int)i;
+}
+
+RS_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *tmo)
+{
+    HOOK(recv_mmsg(s_, v, n, flags, &plain_), rs_real.recvmmsg(fd, v, n, flags, tmo));
+}
+
+static int send_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags, int *plain)
+{
+    unsigned i = 0;
+    *plain = 0;
+    for (; i < n; i++) {
+        ssize_t r = send_msg(s, &v[i].msg_hdr, flags, plain);
+        if (*plain) return 0;
+        if (r < 0) return i ? (int)i : (int)r;
+        v[i].msg_len = (unsigned)r;
+    }
+    return (int)i;
+}
+
+RS_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
+{
+    HOOK(send_mmsg(s_, v, n, flags, &plain_), rs_real.sendmmsg(fd, v, n, flags));
+}
+
+/* preadv2/pwritev2 at offset -1 are readv/writev (RWF_NOWAIT: MSG_DONTWAIT); any other
+ * offset on a socket is the kernel's ESPIPE. */
+static ssize_t rw_flags(int rwf)
+{
+    return rwf & RWF_NOWAIT ? MSG_DONTWAIT : 0;
+}
+
+RS_EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int rwf)
+{
+    if (off != -1) {
+        if (!rs_real.read) rs_real_init();
+        return rs_real.preadv2(fd, iov, cnt, off, rwf);
+    }
+    HOOK(recv_iov(s_, iov, cnt, (int)rw_flags(rwf), &plain_), rs_real.preadv2(fd, iov, cnt, off, rwf));
+}
+
+RS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int rwf)
+{
+    if (off != -1) {
+        if (!rs_real.read) rs_real_init();
+        return rs_real.pwritev2(fd, iov, cnt, off, rwf);
+    }
+    HOOK(send_iov(s_, iov, cnt, (int)rw_flags(rwf), &plain_), rs_real.pwritev2(fd, iov, cnt, off, rwf));
+}
+RS_EXPORT ssize_t preadv64v2(int, const struct iovec *, int, off_t, int) __attribute__((alias("preadv2")));
+RS_EXPORT ssize_t pwritev64v2(int, const struct iovec *, int, off_t, int) __attribute__((alias("pwritev2")));
+
+/* splice out of an upgraded socket: carried.  The ring's bytes are peeked, written to the
+ * pipe (without blocking, no more than one pipe buffer takes: SPLICE_F_NONBLOCK), and
+ * only what the pipe took is consumed. */
+static ssize_t splice_from(struct rs_sock *s, int pipe_fd, size_t len, unsigned flags, int *plain)
+{
+    size_t n = len < RS_BOUNCE ? len : RS_BOUNCE;
+    if (flags & SPLICE_F_NONBLOCK) {
+        struct pollfd p = { .fd = pipe_fd, .events = POLLOUT };
+        if (rs_real.poll(&p, 1, 0) == 0) return -EAGAIN;
+        if (n > PIPE_BUF) n = PIPE_BUF;             /* fits the free buffer POLLOUT promised */
+    }
+    ssize_t r = rs_sock_recv(s, bounce, n, MSG_PEEK, plain);
+    if (*plain || r <= 0) return r;
+    ssize_t w = rs_real.write(pipe_fd, bounce, (size_t)r);
+    if (w <= 0) return w < 0 ? -errno : 0;
+    return rs_sock_recv(s, NULL, (size_t)w, MSG_TRUNC | MSG_DONTWAIT, plain);
+}
+
+/* splice into an upgraded socket: only the kernel splices into a TCP socket, so the
+ * connection moves there first (reason splice) and the kernel's splice follows. */
+RS_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned flags)
+{
+    if (!rs_real.read) rs_real_init();
+    struct rs_sock *s;
+    int plain = 1;
+    ssize_t r = 0;
+    if ((s = tracked(in))) {
+        r = splice_from(s, out, len, flags, &plain);
+        rs_sock_put(s);
+    } else if ((s = tracked(out))) {
+        r = rs_sock_move_tx(s, RS_REASON_SPLICE, flags & SPLICE_F_NONBLOCK ? MSG_DONTWAIT : 0, &plain);
+        rs_sock_put(s);
+    }
+    if (!plain) return result(r);
+    return rs_real.splice(in, off_in, out, off_out, len, flags);
+}
 
 /* glibc's fortified entry points (-D_FORTIFY_SOURCE) call these instead. */
 RS_EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)

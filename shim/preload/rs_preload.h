@@ -54,6 +54,11 @@ struct rs_real {
     ssize_t (*sendmsg)(int, const struct msghdr *, int);
     ssize_t (*recvmsg)(int, struct msghdr *, int);
     ssize_t (*sendfile)(int, int, off_t *, size_t);
+    ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
+    int (*sendmmsg)(int, struct mmsghdr *, unsigned, int);
+    int (*recvmmsg)(int, struct mmsghdr *, unsigned, int, struct timespec *);
+    ssize_t (*preadv2)(int, const struct iovec *, int, off_t, int);
+    ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
     int (*poll)(struct pollfd *, nfds_t, int);
     int (*ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
     int (*select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);

@@ -14,7 +14,7 @@ __attribute__((constructor)) void rs_real_init(void)
     R(socket); R(connect); R(listen); R(accept); R(accept4); R(close); R(shutdown);
     R(dup); R(dup2); R(dup3); R(fcntl); R(ioctl); R(getsockopt); R(setsockopt);
     R(readv); R(writev); R(send); R(recv); R(sendto); R(recvfrom); R(sendmsg); R(recvmsg);
-    R(sendfile); R(poll); R(ppoll); R(select); R(pselect); R(epoll_wait); R(epoll_pwait);
+    R(sendfile); R(splice); R(sendmmsg); R(recvmmsg); R(preadv2); R(pwritev2); R(poll); R(ppoll); R(select); R(pselect); R(epoll_wait); R(epoll_pwait);
     R(epoll_pwait2);                  /* glibc 2.35+; NULL before */
     R(epoll_ctl); R(write);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);

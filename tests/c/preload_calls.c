@@ -2487,6 +2487,110 @@ static void sigio_client(void)
     close(fd);
 }
 
+/* ---- vecio: recvmmsg/sendmmsg, preadv2/pwritev2 at offset -1, splice both ways ------- */
+#define SPL_IN 20000
+#define SPL_OUT 30000
+static void vecio_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    ctl_need("mmsg", NULL);
+    int last = 0;
+    wait_fionread(fd, 10, &last);
+    char a[5], b[5];
+    struct iovec iv[2] = { { a, 5 }, { b, 5 } };
+    struct mmsghdr v[2];
+    memset(v, 0, sizeof v);
+    v[0].msg_hdr.msg_iov = &iv[0]; v[0].msg_hdr.msg_iovlen = 1;
+    v[1].msg_hdr.msg_iov = &iv[1]; v[1].msg_hdr.msg_iovlen = 1;
+    int n = recvmmsg(fd, v, 2, MSG_WAITFORONE, NULL);
+    CHECK("recvmmsg", n == 2 && v[0].msg_len == 5 && v[1].msg_len == 5 && !memcmp(a, "hello", 5) && !memcmp(b, "world", 5),
+          "returned %d errno=%d lens %u %u", n, errno, v[0].msg_len, v[1].msg_len);
+    ctl_send("pwv", 0);
+    ctl_need("pwv_sent", NULL);
+    char x[3], y[3];
+    struct iovec rv[2] = { { x, 3 }, { y, 3 } };
+    errno = 0;
+    ssize_t r = preadv2(fd, rv, 2, 0, 0);
+    CHECK("preadv2_offset_espipe", r < 0 && errno == ESPIPE, "returned %zd errno=%d", r, errno);
+    wait_fionread(fd, 6, &last);
+    r = preadv2(fd, rv, 2, -1, 0);
+    CHECK("preadv2_socket", r == 6 && !memcmp(x, "abc", 3) && !memcmp(y, "def", 3), "returned %zd errno=%d", r, errno);
+    ctl_send("spl", 0);
+    /* splice socket -> pipe, then read the pipe */
+    int pp[2];
+    if (pipe(pp) < 0) die("pipe");
+    uint8_t *got = malloc(SPL_IN);
+    size_t have = 0;
+    long long end = now_ms() + WAIT_MS;
+    while (have < SPL_IN && now_ms() < end) {
+        r = splice(fd, NULL, pp[1], NULL, SPL_IN - have, have & 1 ? SPLICE_F_NONBLOCK : 0);
+        if (r < 0 && errno == EAGAIN) { sleep_ms(1); continue; }
+        if (r <= 0) break;
+        ssize_t k = rd_full(pp[0], got + have, (size_t)r);
+        if (k != r) break;
+        have += (size_t)r;
+    }
+    CHECK("splice_from_socket", have == SPL_IN && mismatch(got, SPL_IN, 71, 0) < 0, "spliced %zu of %d, errno=%d",
+          have, SPL_IN, errno);
+    free(got);
+    close(pp[0]);
+    close(pp[1]);
+    char why[200];
+    CHECK("splice_into_socket_data", recv_pat(fd, 72, 0, SPL_OUT, why, sizeof why), "%s", why);
+    CHECK("write_after_splice", wr_all(fd, "ok", 2) == 2, "errno=%d", errno);
+    char c;
+    CHECK("eof_after_splice", rd_full(fd, &c, 1) == 0, "errno=%d", errno);
+    close(fd);
+}
+
+static void vecio_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    struct iovec iv[2] = { { "hello", 5 }, { "world", 5 } };
+    struct mmsghdr v[2];
+    memset(v, 0, sizeof v);
+    v[0].msg_hdr.msg_iov = &iv[0]; v[0].msg_hdr.msg_iovlen = 1;
+    v[1].msg_hdr.msg_iov = &iv[1]; v[1].msg_hdr.msg_iovlen = 1;
+    int n = sendmmsg(fd, v, 2, 0);
+    CHECK("sendmmsg", n == 2 && v[0].msg_len == 5 && v[1].msg_len == 5, "returned %d errno=%d", n, errno);
+    ctl_send("mmsg", 0);
+    ctl_need("pwv", NULL);
+    struct iovec wv[2] = { { "abc", 3 }, { "def", 3 } };
+    ssize_t r = pwritev2(fd, wv, 2, -1, 0);
+    CHECK("pwritev2_socket", r == 6, "returned %zd errno=%d", r, errno);
+    ctl_send("pwv_sent", 0);
+    ctl_need("spl", NULL);
+    CHECK("send_for_splice", send_pat(fd, 71, 0, SPL_IN), "errno=%d", errno);
+    /* pipe -> splice -> socket */
+    int pp[2];
+    if (pipe(pp) < 0) die("pipe");
+    uint8_t *b = malloc(SPL_OUT);
+    fill(b, SPL_OUT, 72, 0);
+    size_t done = 0;
+    int ok = 1;
+    while (done < SPL_OUT && ok) {
+        size_t chunk = SPL_OUT - done < 8192 ? SPL_OUT - done : 8192;
+        ok = wr_all(pp[1], b + done, chunk) == (ssize_t)chunk;
+        size_t moved = 0;
+        while (ok && moved < chunk) {
+            r = splice(pp[0], NULL, fd, NULL, chunk - moved, 0);
+            if (r <= 0) ok = 0;
+            else moved += (size_t)r;
+        }
+        done += moved;
+    }
+    CHECK("splice_into_socket", ok && done == SPL_OUT, "spliced %zu errno=%d", done, errno);
+    free(b);
+    close(pp[0]);
+    close(pp[1]);
+    char in[2];
+    r = rd_full(fd, in, 2);
+    CHECK("read_after_splice", r == 2 && !memcmp(in, "ok", 2), "read %zd errno=%d", r, errno);
+    close(fd);
+}
+
 /* ---- refused: SO_ERROR after a non-blocking connect to a port nobody listens on ------ */
 static void refused_server(void) { }
 
@@ -2560,6 +2664,7 @@ static const struct test tests[] = {
     { "tcpstate", tcpstate_server, tcpstate_client },
     { "refused", refused_server, refused_client },
     { "sigio", sigio_server, sigio_client },
+    { "vecio", vecio_server, vecio_client },
 };
 #define NTESTS ((int)(sizeof tests / sizeof tests[0]))
 
