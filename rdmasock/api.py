@@ -525,14 +525,17 @@ class socket(_base):
         self.fallback_reason = "handshake_timeout"
 
     def _real_close(self):
-        c, self._conn = self._conn, None
-        if c is not None:
-            lib.rs_quiesce_bells(c)     # unread doorbells would make the kernel's close a reset
-            lib.rs_send_fin(c)
-            upgrade.release(c)
+        # Unread handshake bytes (the client's SWITCH) or doorbells would make the kernel's
+        # close a reset, which TCP would not have sent.
         pre, self._rxpre = self._rxpre, None
         if pre is not None:
+            lib.rs_quiesce_bells(pre)
             lib.rs_conn_free(pre)
+        c, self._conn = self._conn, None
+        if c is not None:
+            lib.rs_quiesce_bells(c)
+            lib.rs_send_fin(c)
+            upgrade.release(c)
         h, self._hs = self._hs, None
         if h is not None:
             h.close()

@@ -86,6 +86,7 @@ def listen(fd):
     finally:
         s.close()
     if marker is None:
+        log.line("pid=%d role=listener local=%s:%s not registered: its rendezvous name is taken" % (os.getpid(), name[0], name[1]), level=3)
         return 0
     return _new_handle(_listeners, marker)
 
@@ -150,7 +151,8 @@ def accept(lfd, fd):
             _log("server", s, "tcp", why)
             s.close()
             return -reasons.CODE_BY_NAME[why]
-    except OSError:
+    except OSError as e:
+        log.line("pid=%d role=server fd=%d transport=tcp: accepted socket not planned: %s" % (os.getpid(), fd, e), level=3)
         s.close()
         return 0
     return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s, decline_shm), "server"))

@@ -29,6 +29,14 @@ def _recv(sock, n, flags):
     return ffi.unpack(buf, r)
 
 
+def _stream_ended(sock):
+    """True if the peer's end of the stream is what the socket holds next."""
+    try:
+        return _recv(sock, 1, _s.MSG_PEEK) == b""
+    except OSError:
+        return False            # nothing yet; or a reset, which the reads that follow report
+
+
 class Outcome:
     """How a handshake ended.  `preamble`: the server answered a HELLO, so the client's
     first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9)."""
@@ -364,6 +372,10 @@ class Server(_Side):
             return Outcome("tcp", "closed_during_handshake")
         if msg == "plain":
             return Outcome("tcp", "peer_not_rdmasock")
+        if _stream_ended(self.sock):
+            # The client closed right after its HELLO: an answer would only provoke a reset,
+            # which the application would see where TCP shows it the end of the stream.
+            return Outcome("tcp", "closed_during_handshake")
         reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
         outcome = self._choose(msg, reply)
         outcome.preamble = bool(msg.features & hs.F_PREAMBLE)   # an older client sends plain bytes

@@ -174,6 +174,7 @@ ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int time
 int      rs_pre_switch(int fd);
 ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 int      rs_pre_settle(rs_conn *c);
+int      rs_pre_quiesce(rs_conn *c, uint64_t ns);
 ssize_t  rs_tcp_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 
 /* 1 if the peer producing into our ring last ran on the CPU we run on: spinning then only

@@ -222,7 +222,8 @@ static int go_idle(rs_conn *c, int check)
 #define RS_QUIESCE_NS 20000000ull
 void rs_quiesce_bells(rs_conn *c)
 {
-    if (c->rdma || !c->rx.ring || c->rx.pre || RS_GET(c->tcp_eof)) return;
+    if (RS_GET(c->rx.pre) && !rs_pre_quiesce(c, RS_QUIESCE_NS)) return;
+    if (c->rdma || !c->rx.ring || RS_GET(c->tcp_eof)) return;
     rs_lock(&c->rx.lock);
     if (!c->rx.fb) {
         __atomic_store_n(&c->rx.ctl->want_bell, 0, __ATOMIC_SEQ_CST);

@@ -164,6 +164,29 @@ int rs_pre_settle(rs_conn *c)
     return over;
 }
 
+/* Before a server closes a connection whose preamble it never read to the end: the
+ * client's SWITCH frame, which our answer provoked and TCP would not have, must not be
+ * left unread (the kernel's close would then be a reset, the client's reads would end in
+ * ECONNRESET instead of its data and EOF).  Waits for it up to `ns`.  Frames with the
+ * client's own data stay unread: TCP resets then too.  1 if the preamble is over. */
+int rs_pre_quiesce(rs_conn *c, uint64_t ns)
+{
+    uint64_t until = rs_now_ns() + ns;
+    while (RS_GET(c->rx.pre)) {
+        if (rs_pre_settle(c)) return 1;
+        if (c->rx.pre_left || RS_GET(c->err)) return 0;
+        uint8_t h;
+        long n = rs_c_recv(c, &h, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0 && h != RS_PRE_SWITCH) return 0;
+        if (n >= 0 && n != 1) return 0;                  /* EOF: nothing more comes */
+        if (n < 0 && n != -EAGAIN) return 0;
+        if (rs_now_ns() >= until) return 0;
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
+    }
+    return 1;
+}
+
 /* One step of rs_pre_recv, without waiting (caller holds rx_lock): bytes, 0 EOF, -errno,
  * RS_PRE_OVER, or RS_PRE_AGAIN (a header was consumed: step again). */
 #define RS_PRE_AGAIN (-100001)

@@ -511,6 +511,17 @@ int rs_sock_at_mark(struct rs_sock *s, int *plain)
     return 0;
 }
 
+/* SO_ERROR as the kernel reported (and cleared) it.  On an upgraded connection a reset of
+ * the TCP socket can be our own doing: handshake or doorbell bytes reaching a peer that
+ * had closed, which over TCP would have sent nothing.  The stream's own resets reach the
+ * application through its reads (RESET records, docs/PROTOCOL.md 7), so the socket's are
+ * not reported here; errors of the path (a timed-out keepalive) are. */
+int rs_sock_so_error(struct rs_sock *s, int err)
+{
+    if (rs_sock_state(s) == RS_RING && (err == ECONNRESET || err == EPIPE)) return 0;
+    return err;
+}
+
 /* The kernel's TCP_INFO describes the socket, which carried only the handshake and the
  * doorbells: its payload byte counters become the connection's (ring bytes are in the
  * peer's memory when written: sent, acknowledged and received at once). */

@@ -103,6 +103,7 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
 int     rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain);  /* then the kernel's call */
 int     rs_sock_at_mark(struct rs_sock *s, int *plain);             /* SIOCATMARK */
+int     rs_sock_so_error(struct rs_sock *s, int err);                 /* after the kernel's SO_ERROR */
 void    rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len);  /* after the kernel's TCP_INFO */
 void    rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len);
 void    rs_sock_flags_seen(struct rs_sock *s, int fl);                  /* after F_SETFL */

@@ -237,6 +237,7 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     } else {
         r = rs_real.getsockopt(fd, level, name, val, len);
         if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && val && len) rs_sock_tcp_info(s, val, *len);
+        if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && val) *(int *)val = rs_sock_so_error(s, *(int *)val);
         /* A nonblocking connect is finished by reading SO_ERROR: the HELLO leaves now. */
         if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && rs_sock_state(s) == RS_CLIENT_HS &&
             s->hello_pending && val && *(int *)val == 0)

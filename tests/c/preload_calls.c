@@ -2591,6 +2591,57 @@ static void vecio_client(void)
     close(fd);
 }
 
+/* ---- banner: a server that speaks first and closes without reading (an FTP or SMTP
+ * server refusing a client); the client connected non-blocking and reads the banner and
+ * EOF: nothing it did not write can earn it a reset -------------------------------- */
+#define BANNER_ROUNDS 5
+static void banner_server(void)
+{
+    int ok = 1;
+    for (int i = 0; i < BANNER_ROUNDS && ok; i++) {
+        int fd = server_accept(ACC_PLAIN);
+        if (fd < 0) return;
+        ok = wr_all(fd, "421 busy\r\n", 10) == 10 && shutdown(fd, SHUT_WR) == 0;
+        close(fd);
+        ctl_send("closed", (unsigned long long)i);
+    }
+    CHECK("banner_written_closed", ok, "errno=%d", errno);
+}
+
+static void banner_client(void)
+{
+    int ok = 1;
+    char why[160] = "";
+    for (int i = 0; i < BANNER_ROUNDS && ok; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in a = server_addr();
+        int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+        if (r < 0 && errno != EINPROGRESS) die("banner connect");
+        struct pollfd p = { fd, POLLOUT, 0 };
+        poll(&p, 1, WAIT_MS);
+        announce(fd);
+        ctl_need("closed", NULL);                 /* the server closed before we took its answer */
+        p.events = POLLIN;
+        poll(&p, 1, WAIT_MS);
+        sleep_ms(20);                             /* whatever that provoked has come back */
+        int err = -1;
+        socklen_t el = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        set_nonblock(fd, 0);
+        char buf[32];
+        ssize_t n = rd_full(fd, buf, 10);
+        int e = errno;
+        ssize_t end = n == 10 ? read(fd, buf, sizeof buf) : -2;
+        if (err != 0 || n != 10 || memcmp(buf, "421 busy\r\n", 10) || end != 0) {
+            snprintf(why, sizeof why, "round %d: SO_ERROR %d, banner read %zd errno=%d, then %zd errno=%d", i, err, n, e,
+                     end, errno);
+            ok = 0;
+        }
+        close(fd);
+    }
+    CHECK("banner_then_eof", ok, "%s", why);
+}
+
 /* ---- refused: SO_ERROR after a non-blocking connect to a port nobody listens on ------ */
 static void refused_server(void) { }
 
@@ -2665,6 +2716,7 @@ static const struct test tests[] = {
     { "refused", refused_server, refused_client },
     { "sigio", sigio_server, sigio_client },
     { "vecio", vecio_server, vecio_client },
+    { "banner", banner_server, banner_client },
 };
 #define NTESTS ((int)(sizeof tests / sizeof tests[0]))
 
