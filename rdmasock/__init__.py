@@ -6,12 +6,12 @@
 
 The API is imported on first use, so the command line (`rdmasock doctor`) still runs, and
 says what is wrong, when the compiled parts cannot load."""
-__all__ = ["socket", "create_connection", "create_server", "HandshakeError"]
+__all__ = ["socket", "create_connection", "create_server", "fromfd", "HandshakeError"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("socket", "create_connection", "create_server"):
+    if name in ("socket", "create_connection", "create_server", "fromfd"):
         from . import api
         return getattr(api, name)
     if name == "HandshakeError":

@@ -63,6 +63,7 @@ int rs_pre_switch(int fd);
 struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);
+void rs_conn_move_fd(rs_conn *c, int newfd);
 const char *rs_conn_errmsg(const rs_conn *c);
 void rs_quiesce_bells(rs_conn *c);
 long rs_fd_recv(int fd, void *buf, size_t n, int flags);

@@ -5,7 +5,10 @@ The kernel TCP socket stays open underneath: `fileno()` is that socket, it carri
 handshake and doorbell bytes, and select/selectors/asyncio wait on it.  Data moves through
 the C ring code in rdmasock._native; this class only decides which path a call takes."""
 import errno
+import fcntl
+import io
 import math
+import operator
 import os
 import select
 import socket as _socket
@@ -16,7 +19,8 @@ from . import config, handshake as hs, log, reasons, rendezvous, upgrade
 from ._native import ffi, lib
 
 _base = _socket.socket
-_detached = {}         # fd -> state of an upgraded socket whose object was detach()ed
+_links = {}            # socket inode -> _Link: the connection behind several objects
+_links_lock = threading.Lock()
 PRELOADED = False      # set by the preload engine: it upgrades every socket of the process
 
 _NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
@@ -28,6 +32,28 @@ _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
 
 def _is_stream_inet(family, type_):
     return family in (_socket.AF_INET, _socket.AF_INET6) and (type_ & 0xF) == _socket.SOCK_STREAM
+
+
+class _Link:
+    """An upgraded connection that more than one socket object refers to: objects made by
+    dup(), socket.fromfd() or socket(fileno=...) for the same socket, and a detach()ed
+    one.  Each object holds one reference; the connection is torn down (FIN record,
+    rings freed) when the last goes, as TCP sends its FIN when the last descriptor
+    closes."""
+    __slots__ = ("inode", "conn", "rxpre", "transport", "reason", "role", "refs", "detached", "own_fd")
+
+    def __init__(self, sock, inode):
+        self.inode, self.own_fd = inode, None
+        self.conn, self.rxpre = sock._conn, sock._rxpre
+        self.transport, self.reason, self.role = sock._transport, sock._reason, sock._role
+        self.refs, self.detached = 1, 0
+
+
+def _inode(fd):
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
 
 
 class socket(_base):
@@ -44,8 +70,6 @@ class socket(_base):
             family = _socket.AF_INET
         if type == -1:
             type = _socket.SOCK_STREAM
-        if not _is_stream_inet(family, type):
-            return _base(family, type, proto, fileno)   # other families: ordinary sockets
         return super().__new__(cls, family, type, proto, fileno)
 
     def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
@@ -62,8 +86,56 @@ class socket(_base):
         self._transport = "tcp"
         self._reason = None
         self._tmo = self._timeout_ms()
-        if fileno is not None and fileno in _detached:
-            self._conn, self._transport = _detached.pop(fileno)
+        self._inet = _is_stream_inet(self.family, self.type)   # other families stay plain
+        self._link = self._own_fd = None
+        if fileno is not None and self._inet and _links:
+            self._join(_inode(fileno))
+
+    def _join(self, inode):
+        """A new object for a socket that an upgraded object already holds: share its
+        connection."""
+        with _links_lock:
+            link = _links.get(inode)
+            if link is None:
+                return
+            if link.detached:
+                link.detached -= 1              # the detached object's reference, taken over
+            else:
+                link.refs += 1
+            if link.own_fd is None:
+                # The connection's own calls (doorbells, waits) leave the first object's
+                # descriptor, which may close first: a private duplicate, kept to the end.
+                link.own_fd = fcntl.fcntl(self.fileno(), fcntl.F_DUPFD_CLOEXEC, 1024)
+                for c in (link.conn, link.rxpre):
+                    if c is not None:
+                        lib.rs_conn_move_fd(c, link.own_fd)
+        self._link = link
+        self._conn, self._rxpre = link.conn, link.rxpre
+        self._transport, self._reason, self._role = link.transport, link.reason, link.role
+
+    def _share(self):
+        """This object's connection may now be held by others too (dup, detach)."""
+        if self._link is None and (self._conn is not None or self._rxpre is not None):
+            inode = _inode(self.fileno())
+            with _links_lock:
+                self._link = _links[inode] = _Link(self, inode)
+        return self._link
+
+    def _leave(self):
+        """Drops this object's reference; True if it was the last (tear the connection
+        down), False if other objects still hold it."""
+        link, self._link = self._link, None
+        if link is None:
+            return True
+        with _links_lock:
+            link.refs -= 1
+            if link.refs > 0 or link.detached:
+                return False
+            if _links.get(link.inode) is link:
+                del _links[link.inode]
+        self._conn, self._rxpre = link.conn, link.rxpre   # what the last holder frees
+        self._own_fd = link.own_fd
+        return True
 
     # ---- visible state ---------------------------------------------------------------
 
@@ -183,6 +255,7 @@ class socket(_base):
         # sure to see the ring (see _plain), never the bare TCP socket.
         self._conn = outcome.conn
         self._settle(outcome, "client" if client else "server")
+        self._share()                 # socket.fromfd() and dup() of it find the connection
         return True
 
     def _ready_for_io(self, for_write):
@@ -265,11 +338,13 @@ class socket(_base):
         return self._conn if self._conn is not None else self._rxpre
 
     def _preamble_done(self):
-        """The declined server has unwrapped the client's preamble: plain TCP from now on."""
+        """The declined server has unwrapped the client's preamble: plain TCP from now on
+        (a reader shared with other objects is freed by the last of them)."""
         c = self._rxpre
         if c is not None and not c.rx.pre:
             self._rxpre = None
-            lib.rs_conn_free(c)
+            if self._link is None:
+                lib.rs_conn_free(c)
 
     # ---- connection set-up ---------------------------------------------------------
 
@@ -287,6 +362,8 @@ class socket(_base):
         return sockaddr, upgrade.Client(self, marker, reserved)
 
     def connect(self, address):
+        if not self._inet:
+            return _base.connect(self, address)
         sockaddr, client = self._client_plan(address)
         if client is None:
             _base.connect(self, sockaddr)
@@ -320,6 +397,8 @@ class socket(_base):
             _base.listen(self)
         else:
             _base.listen(self, backlog)
+        if not self._inet:
+            return
         cfg = config.get()
         if self._lmarker is None and not cfg.disabled and not PRELOADED \
                 and ("shm" in cfg.transports or "rdma" in cfg.transports) \
@@ -327,6 +406,8 @@ class socket(_base):
             self._lmarker = rendezvous.register_listener(self)
 
     def accept(self):
+        if not self._inet:
+            return _base.accept(self)
         fd, addr = self._accept()
         sock = socket(self.family, self.type, self.proto, fileno=fd)
         if _socket.getdefaulttimeout() is None and self.gettimeout():
@@ -386,10 +467,12 @@ class socket(_base):
             return _base.recv_into(self, buffer, nbytes, flags)
         p = _from_buffer(buffer, require_writable=True)
         size = len(p)
-        if 0 < nbytes < size:
-            size = nbytes
-        elif nbytes < 0:
+        if nbytes < 0:
             raise ValueError("negative buffersize in recv_into")
+        if nbytes > size:
+            raise ValueError("buffer too small for requested bytes")
+        if nbytes:
+            size = nbytes
         while True:
             r = _rs_recv(c, p, size, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
@@ -407,16 +490,27 @@ class socket(_base):
     def recvfrom_into(self, buffer, nbytes=0, flags=0):
         if self._plain():
             return _base.recvfrom_into(self, buffer, nbytes, flags)
+        if nbytes > len(memoryview(buffer).cast("B")):
+            raise ValueError("nbytes is greater than the length of the buffer")
         return self.recv_into(buffer, nbytes, flags), None
 
     def recvmsg(self, bufsize, ancbufsize=0, flags=0):
         if self._plain():
             return _base.recvmsg(self, bufsize, ancbufsize, flags)
+        if operator.index(bufsize) < 0 or operator.index(ancbufsize) < 0:
+            raise ValueError("negative buffer size in recvmsg()")
+        operator.index(flags)
         return self.recv(bufsize, flags), [], 0, None
 
     def recvmsg_into(self, buffers, ancbufsize=0, flags=0):
         if self._plain():
             return _base.recvmsg_into(self, buffers, ancbufsize, flags)
+        buffers = list(buffers)
+        if any(memoryview(b).readonly for b in buffers):
+            raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment read-write buffers")
+        if operator.index(ancbufsize) < 0:
+            raise ValueError("negative buffer size in recvmsg_into()")
+        operator.index(flags)
         total = 0
         for b in buffers:
             n = len(memoryview(b).cast("B"))
@@ -482,23 +576,49 @@ class socket(_base):
     def sendmsg(self, buffers, ancdata=(), flags=0, address=None):
         if self._plain():
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
-        if ancdata:
-            raise OSError(errno.EOPNOTSUPP, "rdmasock: ancillary data on an upgraded TCP connection")
+        buffers, ancdata = list(buffers), list(ancdata)
+        if ancdata or address is not None:
+            # The kernel checks the arguments and the ancillary data (a TCP socket accepts
+            # and ignores what it has no use for), with no byte of the stream; the ring
+            # carries the bytes.
+            _base.sendmsg(self, [], ancdata, flags | _NONBLOCK_FLAGS, *([address] if address is not None else []))
         return self.send(b"".join(bytes(memoryview(b).cast("B")) for b in buffers), flags)
 
-    def sendto(self, data, flags_or_addr, addr=None):
+    def sendto(self, data, *flags_addr):
         if self._plain():
-            return _base.sendto(self, data, flags_or_addr, *([addr] if addr is not None else []))
-        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
+            return _base.sendto(self, data, *flags_addr)
+        if len(flags_addr) not in (1, 2):
+            raise TypeError("sendto() takes 2 or 3 arguments (%d given)" % (len(flags_addr) + 1))
+        # TCP ignores the address of a connected socket
+        return self.send(data, flags_addr[0] if len(flags_addr) == 2 else 0)
 
     def sendfile(self, file, offset=0, count=None):
         if self._plain_tx():
             return _base.sendfile(self, file, offset, count)
         return self._sendfile_use_send(file, offset, count)
 
+    def _sendfile_use_sendfile(self, file, offset=0, count=None):
+        if self._plain_tx():
+            return _base._sendfile_use_sendfile(self, file, offset, count)
+        # os.sendfile would write around the ring: the bytes go through send(), after the
+        # checks (and the give-ups, for files that are not regular) of the original
+        self._check_sendfile_params(file, offset, count)
+        try:
+            if not os.fstat(file.fileno()).st_size:
+                return 0
+        except (AttributeError, io.UnsupportedOperation, OSError) as err:
+            raise _socket._GiveupOnSendfile(err)
+        return self._sendfile_use_send(file, offset, count)
+
     # ---- teardown ------------------------------------------------------------------
 
     def shutdown(self, how):
+        how = operator.index(how)
+        if not -0x80000000 <= how <= 0x7FFFFFFF:
+            raise OverflowError("signed integer is greater than maximum" if how > 0 else
+                                "signed integer is less than minimum")
+        if how not in (_socket.SHUT_RD, _socket.SHUT_WR, _socket.SHUT_RDWR):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         if self._hs is not None:
             self._finish_handshake_for_close()
         c = self._conn
@@ -525,6 +645,9 @@ class socket(_base):
         self.fallback_reason = "handshake_timeout"
 
     def _real_close(self):
+        if not self._leave():
+            self._conn = self._rxpre = None     # others hold the connection: only our fd goes
+            return super()._real_close()
         # Unread handshake bytes (the client's SWITCH) or doorbells would make the kernel's
         # close a reset, which TCP would not have sent.
         pre, self._rxpre = self._rxpre, None
@@ -536,8 +659,19 @@ class socket(_base):
             lib.rs_quiesce_bells(c)
             lib.rs_send_fin(c)
             upgrade.release(c)
+        own, self._own_fd = self._own_fd, None
+        if own is not None:
+            os.close(own)
         h, self._hs = self._hs, None
         if h is not None:
+            if isinstance(h, upgrade.Client):
+                # The server's answer may arrive after the close and provoke a reset, which
+                # would overtake the end of what we sent: our FIN goes first, as TCP's
+                # close sends it.
+                try:
+                    _base.shutdown(self, _socket.SHUT_WR)
+                except OSError:
+                    pass
             h.close()
         if self._lmarker is not None:
             rendezvous.close_marker(self._lmarker)
@@ -545,20 +679,27 @@ class socket(_base):
         super()._real_close()
 
     def detach(self):
+        """The descriptor leaves this object, the connection stays with it: an object made
+        later for that descriptor (socket(fileno=fd)) takes it over."""
         if self._hs is not None:
             self._finish_handshake_for_close()
-        c, self._conn = self._conn, None
+        link = self._share()
+        if link is not None:
+            with _links_lock:
+                link.refs -= 1
+                link.detached += 1
+        self._link = self._conn = self._rxpre = None
         if self._lmarker is not None:
             rendezvous.close_marker(self._lmarker)
             self._lmarker = None
-        fd = super().detach()
-        if c is not None:
-            _detached[fd] = (c, self._transport)     # rdmasock.socket(fileno=fd) re-attaches
-        return fd
+        return super().detach()
 
     def dup(self):
-        if self._conn is not None or self._hs is not None:
-            raise OSError(errno.EOPNOTSUPP, "rdmasock: dup() of an upgraded socket is not supported; use the object")
+        """A second object for the same connection (the handshake settles first, bounded,
+        so that both objects read the same stream)."""
+        if self._hs is not None:
+            self._finish_handshake_for_close()
+        self._share()
         return super().dup()
 
     # ---- readiness helpers (used by tests and tools) ---------------------------------
@@ -610,6 +751,12 @@ _ERRCLS = {
     errno.ECONNABORTED: ConnectionAbortedError,
     errno.ECONNREFUSED: ConnectionRefusedError,
 }
+
+
+def fromfd(fd, family, type, proto=0):
+    """Like socket.fromfd: an rdmasock socket for a duplicate of fd (which shares the
+    connection of an upgraded socket that fd belongs to)."""
+    return socket(family, type, proto, os.dup(fd))
 
 
 def create_connection(address, timeout=_socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None, *, all_errors=False):

@@ -143,6 +143,11 @@ static void destroy(struct rs_sock *s)
         rs_conn_free(s->conn);
         break;
     case RS_CLIENT_HS:
+        /* The server's answer may arrive after the close and provoke a reset, which would
+         * overtake the end of what we sent: our FIN goes first, as TCP's close sends it. */
+        if (!s->forked) syscall(SYS_shutdown, s->fd, SHUT_WR);
+        if (rs_host && rs_host->drop) rs_host->drop(s->handle);
+        break;
     case RS_SERVER_HS:
         if (rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;

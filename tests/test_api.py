@@ -31,14 +31,50 @@ def test_is_a_socket_and_fileno_is_the_tcp_socket(pair):
     assert socket.socket(fileno=os.dup(c.fileno())).type == socket.SOCK_STREAM
 
 
-def test_other_families_return_ordinary_sockets():
+def test_other_families_are_plain_sockets():
+    """rdmasock.socket stands in for socket.socket for every family (a program may patch
+    the socket module with it); only INET stream sockets are ever upgraded."""
+    a, b = socket.socketpair()
     for fam, typ in ((socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM)):
         s = rdmasock.socket(fam, typ)
-        assert type(s) is socket.socket
+        assert isinstance(s, socket.socket) and (s.family, s.type) == (fam, typ)
         s.close()
+    u = rdmasock.socket(fileno=a.detach())
+    assert u.family == socket.AF_UNIX
+    u.sendall(b"unix")
+    assert b.recv(4) == b"unix" and u.transport == "tcp"
+    u.close()
+    b.close()
     s = rdmasock.socket()
     assert isinstance(s, rdmasock.socket)
     s.close()
+
+
+def test_dup_fromfd_detach_share_the_connection(pair):
+    """Objects for the same socket read and write the same stream; the connection ends
+    (FIN) only when the last of them closes, as with kernel sockets."""
+    c, s = pair()
+    c.sendall(b"one")
+    assert recv_exact(s, 3) == b"one"
+    d = s.dup()
+    f = rdmasock.fromfd(s.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+    assert isinstance(f, rdmasock.socket) and f.transport == "shm"
+    c.sendall(b"twothree")
+    assert recv_exact(d, 3) == b"two" and recv_exact(f, 5) == b"three"
+    s.close()
+    d.sendall(b"back")
+    assert recv_exact(c, 4) == b"back"
+    d.close()
+    c.sendall(b"more")
+    assert recv_exact(f, 4) == b"more"
+    fd = f.detach()
+    with pytest.raises(OSError):
+        f.recv(1)
+    g = rdmasock.socket(fileno=fd)
+    g.sendall(b"last")
+    assert recv_exact(c, 4) == b"last"
+    g.close()
+    assert c.recv(1) == b""                  # the last holder closed: end of stream
 
 
 def test_recv_variants(pair):
@@ -269,3 +305,45 @@ def test_many_threads_many_connections():
         x.join(60)
     srv.close()
     assert not errors, errors[:3]
+
+
+CLOSE_BEFORE_ANSWER = """
+import socket, sys
+sock = getattr(__import__(sys.argv[1]), "socket")
+srv = sock(); srv.bind(("127.0.0.1", 0)); srv.listen()
+for i in range(40):
+    c = sock(); c.connect(srv.getsockname())
+    c.sendall(b"bye")                 # a preamble frame: the server has not answered yet
+    s, _ = srv.accept()               # the answer leaves now, to a client about to close
+    c.close()
+    got = b""
+    while True:
+        b = s.recv(100)
+        if not b:
+            break
+        got += b
+    assert got == b"bye", (i, got)
+    s.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["api", "preload"])
+def test_client_closing_before_the_answer_ends_the_stream(mode, tmp_path):
+    """A client that writes and closes before it has read the server's answer: the server
+    reads its bytes, then the end of the stream, as over TCP (the reset that the unread
+    answer provokes must not overtake them)."""
+    import subprocess
+    import sys
+    prog = tmp_path / "close_before_answer.py"
+    prog.write_text(CLOSE_BEFORE_ANSWER)
+    cmd = ([sys.executable, str(prog), "rdmasock"] if mode == "api" else
+           [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3", str(prog), "socket"])
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    log = open(tmp_path / "log").read()
+    # the API's accept answers at once (shm); the preloaded server's first recv comes after
+    # the client is gone, so its answer is a DECLINE (fd_pass_failed): a handshake either way
+    assert ("transport=shm" if mode == "api" else "reason=fd_pass_failed") in log, log
+

@@ -161,11 +161,17 @@ RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
     HOOK(send_iov(s_, iov, cnt, 0, &plain_), rs_real.writev(fd, iov, cnt));
 }
 
+/* Ancillary data goes to the kernel with none of the bytes: it checks it (and a TCP socket
+ * has no use for it, as it would not over TCP); the bytes go to the ring. */
 static ssize_t send_msg(struct rs_sock *s, const struct msghdr *m, int flags, int *plain)
 {
     *plain = 0;
-    if (m->msg_controllen && rs_sock_state(s) == RS_RING)
-        return -EOPNOTSUPP;                           /* ancillary data has no ring equivalent */
+    if (m->msg_controllen && rs_sock_state(s) == RS_RING) {
+        struct msghdr ctl = *m;
+        ctl.msg_iov = NULL;
+        ctl.msg_iovlen = 0;
+        if (rs_real.sendmsg(s->fd, &ctl, flags | MSG_DONTWAIT | MSG_NOSIGNAL) < 0) return -errno;
+    }
     return send_iov(s, m->msg_iov, (int)m->msg_iovlen, flags, plain);
 }
 

@@ -2516,6 +2516,8 @@ static void vecio_server(void)
     wait_fionread(fd, 6, &last);
     r = preadv2(fd, rv, 2, -1, 0);
     CHECK("preadv2_socket", r == 6 && !memcmp(x, "abc", 3) && !memcmp(y, "def", 3), "returned %zd errno=%d", r, errno);
+    char anc[4];
+    CHECK("sendmsg_ancillary_data", rd_full(fd, anc, 4) == 4 && !memcmp(anc, "anc!", 4), "errno=%d", errno);
     ctl_send("spl", 0);
     /* splice socket -> pipe, then read the pipe */
     int pp[2];
@@ -2561,6 +2563,18 @@ static void vecio_client(void)
     ssize_t r = pwritev2(fd, wv, 2, -1, 0);
     CHECK("pwritev2_socket", r == 6, "returned %zd errno=%d", r, errno);
     ctl_send("pwv_sent", 0);
+    /* ancillary data on a TCP socket: the kernel takes it and has no use for it */
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } cm;
+    memset(&cm, 0, sizeof cm);
+    cm.h.cmsg_level = SOL_SOCKET;
+    cm.h.cmsg_type = SCM_RIGHTS;
+    cm.h.cmsg_len = CMSG_LEN(sizeof(int));
+    int zero_fd = 0;
+    memcpy(CMSG_DATA(&cm.h), &zero_fd, sizeof zero_fd);
+    struct iovec av = { "anc!", 4 };
+    struct msghdr am = { .msg_iov = &av, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf };
+    r = sendmsg(fd, &am, 0);
+    CHECK("sendmsg_ancillary", r == 4, "returned %zd errno=%d", r, errno);
     ctl_need("spl", NULL);
     CHECK("send_for_splice", send_pat(fd, 71, 0, SPL_IN), "errno=%d", errno);
     /* pipe -> splice -> socket */
