@@ -36,6 +36,9 @@ except ImportError:            # the venv has it (a dependency of rdmasock); /us
     psutil = None
 
 
+SOCKPERF = shutil.which("sockperf") or "/usr/bin/sockperf"
+
+
 class ServerError(RuntimeError):
     pass
 
@@ -537,6 +540,24 @@ class ProgramServer(_Server):
             return m
         self._wait_ready(ready, timeout)
         return self
+
+
+class SockperfServer(_Server):
+    """`sockperf server --tcp` on 127.0.0.1 (the latency tool of the libvma world)."""
+
+    name = "sockperf"
+
+    def start(self, timeout=30):
+        def argv_for(port):
+            return preload_cmd([SOCKPERF, "server", "--tcp", "-i", "127.0.0.1", "-p", str(port)], self.preload)
+
+        def ready():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        return self._start_on_free_port(argv_for, ready, timeout)
 
 
 class HttpServer(ProgramServer):

@@ -279,6 +279,8 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
             s->conn->fd = s->fd;
             __atomic_store_n(&s->state, RS_PRE_RX, __ATOMIC_RELEASE);
         } else if (res == RS_STEP_TCP) {
+            /* a client's HELLO that met the end of the stream may have provoked a reset */
+            s->hello_met_eof = st == RS_CLIENT_HS && out[1] == RS_REASON_CLOSED_DURING_HANDSHAKE;
             __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
         } else {
             r = 0;
@@ -516,14 +518,18 @@ int rs_sock_at_mark(struct rs_sock *s, int *plain)
     return 0;
 }
 
-/* SO_ERROR as the kernel reported (and cleared) it.  On an upgraded connection a reset of
- * the TCP socket can be our own doing: handshake or doorbell bytes reaching a peer that
- * had closed, which over TCP would have sent nothing.  The stream's own resets reach the
- * application through its reads (RESET records, docs/PROTOCOL.md 7), so the socket's are
- * not reported here; errors of the path (a timed-out keepalive) are. */
+/* SO_ERROR as the kernel reported (and cleared) it.  While a client's handshake is open
+ * and on an upgraded connection, a reset of the TCP socket can be our own doing: a HELLO,
+ * SWITCH or doorbell byte reaching a peer that had already closed, where TCP would have
+ * sent nothing (a server that accepts and closes at once; the handshake then ends as
+ * plain TCP, closed_during_handshake).  The stream's own resets reach
+ * the application through its reads (RESET records, docs/PROTOCOL.md 7; a handshake
+ * that meets the end of the stream ends as plain TCP), so the socket's are not reported
+ * here; errors of the path (refused, a timed-out keepalive) are. */
 int rs_sock_so_error(struct rs_sock *s, int err)
 {
-    if (rs_sock_state(s) == RS_RING && (err == ECONNRESET || err == EPIPE)) return 0;
+    int st = rs_sock_state(s);
+    if ((st == RS_RING || st == RS_CLIENT_HS || s->hello_met_eof) && (err == ECONNRESET || err == EPIPE)) return 0;
     return err;
 }
 

@@ -63,6 +63,7 @@ struct rs_sock {
     uint8_t  ep_unknown;      /* registered with epoll before connect in a way we could not
                                * take over: non-blocking reads keep arming */
     uint8_t  own_fd;          /* fd is our private duplicate: closed with the object */
+    uint8_t  hello_met_eof;   /* plain: our HELLO met the peer's end of stream (rs_sock_so_error) */
     int      rcvtimeo_ms;     /* SO_RCVTIMEO, -1: none */
     int      sndtimeo_ms;     /* SO_SNDTIMEO, -1: none */
     int      fd;              /* a descriptor of this socket for our own calls */

@@ -328,20 +328,51 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("mode", ["api", "preload"])
-def test_client_closing_before_the_answer_ends_the_stream(mode, tmp_path):
-    """A client that writes and closes before it has read the server's answer: the server
-    reads its bytes, then the end of the stream, as over TCP (the reset that the unread
-    answer provokes must not overtake them)."""
+ACCEPT_AND_CLOSE = """
+import select, socket, sys, threading, time
+sock = getattr(__import__(sys.argv[1]), "socket")
+srv = sock(); srv.bind(("127.0.0.1", 0)); srv.listen()
+for i in range(20):
+    t = threading.Thread(target=lambda: srv.accept()[0].close())
+    t.start()
+    c = sock(); c.setblocking(False)
+    c.connect_ex(srv.getsockname())
+    t.join()                          # the server accepted and closed before our HELLO left
+    time.sleep(0.01)
+    select.select([], [c], [], 5)
+    time.sleep(0.01)
+    err = c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    assert err == 0, (i, err)         # nothing the program wrote: no reset to report
+    c.close()
+print("ok")
+"""
+
+
+def _run_program(tmp_path, text, mode):
     import subprocess
     import sys
-    prog = tmp_path / "close_before_answer.py"
-    prog.write_text(CLOSE_BEFORE_ANSWER)
+    prog = tmp_path / "prog.py"
+    prog.write_text(text)
     cmd = ([sys.executable, str(prog), "rdmasock"] if mode == "api" else
            [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3", str(prog), "socket"])
     env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode", ["api", "preload"])
+def test_server_closing_at_once_leaves_no_error(mode, tmp_path):
+    """A server that accepts and closes at once (a port check, a refusal): over TCP the
+    client's SO_ERROR stays 0, even though its HELLO then meets a closed socket."""
+    _run_program(tmp_path, ACCEPT_AND_CLOSE, mode)
+
+
+@pytest.mark.parametrize("mode", ["api", "preload"])
+def test_client_closing_before_the_answer_ends_the_stream(mode, tmp_path):
+    """A client that writes and closes before it has read the server's answer: the server
+    reads its bytes, then the end of the stream, as over TCP (the reset that the unread
+    answer provokes must not overtake them)."""
+    _run_program(tmp_path, CLOSE_BEFORE_ANSWER, mode)
     log = open(tmp_path / "log").read()
     # the API's accept answers at once (shm); the preloaded server's first recv comes after
     # the client is gone, so its answer is a DECLINE (fd_pass_failed): a handshake either way
