@@ -78,6 +78,8 @@ def _check_upgraded(cmode, smode, out, logs):
 @pytest.mark.parametrize("cmode", MODES)
 @pytest.mark.parametrize("smode", MODES)
 def test_echo_write_before_read(tmp_path, smode, cmode, size, duplex):
+    # 4 MiB, not 8, written before reading: over plain TCP on this host (default tcp_wmem and
+    # tcp_rmem) the 8 MiB echo already waits forever, client and server both writing
     slog, clog = str(tmp_path / "server.log"), str(tmp_path / "client.log")
     srv = Server(smode, "server", slog)
     try:

@@ -97,23 +97,39 @@ def _sha256(path):
 @pytest.mark.parametrize("sendfile,nopush,nodelay", [("on", "off", "on"), ("on", "on", "off"), ("off", "off", "on"),
                                                      ("off", "on", "off")],
                          ids=["sendfile", "sendfile-nopush-nodelay_off", "copy", "copy-nopush-nodelay_off"])
-def test_nginx_serves_files_byte_exact(files, tmp_path, method, sendfile, nopush, nodelay):
-    root, sums = files
+def _start_nginx(tmp_path, root, env, sendfile="on", nopush="off", nodelay="on", method="epoll"):
     port = _free_port()
-    log = str(tmp_path / "rs.log")
-    env = dict(os.environ, RDMASOCK_LOG_FILE=log)
     conf = _conf(tmp_path, root, port, sendfile, nopush, nodelay, method)
     srv = subprocess.Popen(RUN + [NGINX, "-c", conf, "-e", str(tmp_path / "error.log")], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return srv, port
+        except OSError:
+            if srv.poll() is not None or time.monotonic() > deadline:
+                _stop_nginx(srv)
+                pytest.fail("nginx did not start: %s" % srv.stderr.read())
+            time.sleep(0.05)
+
+
+def _stop_nginx(srv):
+    if srv.poll() is None:
+        srv.send_signal(signal.SIGQUIT)
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait(10)
+
+
+def test_nginx_serves_files_byte_exact(files, tmp_path, method, sendfile, nopush, nodelay):
+    root, sums = files
+    log = str(tmp_path / "rs.log")
+    env = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    srv, port = _start_nginx(tmp_path, root, env, sendfile, nopush, nodelay, method)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert srv.poll() is None and time.monotonic() < deadline, srv.stderr.read()
-                time.sleep(0.05)
         for name, size in SIZES.items():
             out = str(tmp_path / ("got-" + name))
             r = subprocess.run(RUN + [CURL, "-sS", "--fail", "--max-time", "120", "-o", out, "-w", "%{size_download}",
@@ -123,16 +139,45 @@ def test_nginx_serves_files_byte_exact(files, tmp_path, method, sendfile, nopush
             assert r.stdout == str(size).encode() and _sha256(out) == sums[name], name
             os.unlink(out)
     finally:
-        if srv.poll() is None:
-            srv.send_signal(signal.SIGQUIT)
-            try:
-                srv.wait(10)
-            except subprocess.TimeoutExpired:
-                srv.kill()
-                srv.wait(10)
+        _stop_nginx(srv)
     text = open(log).read()
     lines = [l for l in text.splitlines() if "transport=" in l]
     # the readiness probe above connects plain (not preloaded): the server logs it as tcp
     clients = [l for l in lines if "role=client" in l]
     assert len(clients) == len(SIZES) and all("transport=shm" in l for l in clients), text
     assert sum("role=server" in l and "transport=shm" in l for l in lines) >= len(SIZES), text
+
+
+WRK, AB = shutil.which("wrk") or "/usr/bin/wrk", shutil.which("ab") or "/usr/bin/ab"
+
+
+@pytest.mark.parametrize("tool", ["wrk", "ab"])
+def test_load_generators_with_20_connections(files, tmp_path, tool):
+    """epoll-driven HTTP load generators (wrk; ab, whose APR poll is epoll) with 20
+    concurrent keep-alive connections to nginx, all preloaded: every request completes,
+    none fails, and the connections are upgraded."""
+    exe = WRK if tool == "wrk" else AB
+    if not os.path.exists(exe):
+        pytest.skip("%s is not installed (scripts/setup.sh installs wrk and apache2-utils)" % tool)
+    root, _ = files
+    log = str(tmp_path / "rs.log")
+    env = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    srv, port = _start_nginx(tmp_path, root, env)
+    url = "http://127.0.0.1:%d/1k.bin" % port
+    try:
+        argv = [WRK, "-t", "2", "-c", "20", "-d", "2s", url] if tool == "wrk" else \
+               [AB, "-q", "-k", "-c", "20", "-n", "20000", "-s", "10", url]
+        r = subprocess.run(RUN + argv, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        _stop_nginx(srv)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    if tool == "wrk":
+        assert "Socket errors" not in out and "Non-2xx" not in out, out
+        assert int(out.split(" requests in ")[0].split()[-1]) > 1000, out
+    else:
+        assert "Complete requests:      20000" in out and "Failed requests:        0" in out, out
+    text = open(log).read()
+    clients = [l for l in text.splitlines() if "role=client" in l]
+    assert len(clients) >= 20 and all("transport=shm" in l for l in clients), text
+
