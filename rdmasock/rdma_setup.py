@@ -418,7 +418,9 @@ class Endpoint:
         from pyverbs.device import translate_event_type
         fd = self.async_fd()
         out = []
-        while select.select([fd], [], [], 0)[0]:
+        poller = select.poll()                     # select() cannot take descriptors above 1023
+        poller.register(fd, select.POLLIN)
+        while poller.poll(0):
             ev = self.ctx.get_async_event()
             out.append(translate_event_type(ev.event_type))
             ev.ack()

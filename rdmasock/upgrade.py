@@ -46,6 +46,13 @@ class Outcome:
         self.transport, self.reason, self.conn, self.preamble = transport, reason, conn, preamble
 
 
+def _ready_now(fd, events):
+    """poll() without waiting (select() cannot take descriptors above 1023)."""
+    p = select.poll()
+    p.register(fd, events)
+    return bool(p.poll(0))
+
+
 def _wait(fd, events, deadline):
     """Waits for events until deadline (monotonic seconds, inf = forever). True if ready."""
     p = select.poll()
@@ -283,7 +290,7 @@ class Client(_Side):
         fd = self.sock.fileno()
         if deadline is not None and not _wait(fd, select.POLLOUT, deadline):
             return False
-        if deadline is None and not select.select([], [fd], [], 0)[1]:
+        if deadline is None and not _ready_now(fd, select.POLLOUT):
             return False
         err = _s.socket.getsockopt(self.sock, _s.SOL_SOCKET, _s.SO_ERROR)
         if err:

@@ -247,7 +247,8 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
      * ACK.  The application's own setting is kept virtually (rs_sock_setopt_seen). */
     syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     s->conn = c;
-    rs_sock_flags_seen(s, (int)syscall(SYS_fcntl, s->fd, F_GETFL));
+    int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
+    c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
     s->forked = 0;                              /* made in this process: nobody else has the ring */
 }
 
@@ -561,7 +562,6 @@ void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
  * program learns of each new record only from a new doorbell's arrival. */
 void rs_sock_flags_seen(struct rs_sock *s, int fl)
 {
-    if (fl < 0) return;
     s->nonblock = (fl & O_NONBLOCK) != 0;
     if (s->conn) s->conn->rx.lazy_tidy = !s->ep_unknown && !(fl & O_ASYNC);
 }

@@ -360,6 +360,40 @@ def _run_program(tmp_path, text, mode):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+HIGH_DESCRIPTORS = """
+import os, resource, socket, sys
+sock = getattr(__import__(sys.argv[1]), "socket")
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]     # sockets get numbers > 1023
+srv = sock(); srv.bind(("127.0.0.1", 0)); srv.listen()
+for timeout in (None, 5.0, 0.0):
+    c = sock(); assert c.fileno() > 1023
+    c.settimeout(timeout)
+    try:
+        c.connect(srv.getsockname())
+    except BlockingIOError:
+        pass
+    s, _ = srv.accept()
+    c.settimeout(5)
+    c.sendall(b"ping")
+    assert s.recv(4) == b"ping"
+    s.sendall(b"pong")
+    assert c.recv(4) == b"pong"
+    c.close(); s.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["api", "preload"])
+def test_descriptors_above_1023(mode, tmp_path):
+    """Sockets numbered above 1023 (select() cannot take them) upgrade like the others,
+    blocking, with a timeout and non-blocking."""
+    _run_program(tmp_path, HIGH_DESCRIPTORS, mode)
+    log = open(tmp_path / "log").read()
+    assert log.count("role=client") == 3 and "transport=tcp" not in log and "rror" not in log, log
+
+
 @pytest.mark.parametrize("mode", ["api", "preload"])
 def test_server_closing_at_once_leaves_no_error(mode, tmp_path):
     """A server that accepts and closes at once (a port check, a refusal): over TCP the

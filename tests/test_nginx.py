@@ -93,10 +93,6 @@ def _sha256(path):
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("method", ["epoll"])   # Debian's nginx is built with epoll only (no poll/select module)
-@pytest.mark.parametrize("sendfile,nopush,nodelay", [("on", "off", "on"), ("on", "on", "off"), ("off", "off", "on"),
-                                                     ("off", "on", "off")],
-                         ids=["sendfile", "sendfile-nopush-nodelay_off", "copy", "copy-nopush-nodelay_off"])
 def _start_nginx(tmp_path, root, env, sendfile="on", nopush="off", nodelay="on", method="epoll"):
     port = _free_port()
     conf = _conf(tmp_path, root, port, sendfile, nopush, nodelay, method)
@@ -124,6 +120,10 @@ def _stop_nginx(srv):
             srv.wait(10)
 
 
+@pytest.mark.parametrize("method", ["epoll"])   # Debian's nginx is built with epoll only (no poll/select module)
+@pytest.mark.parametrize("sendfile,nopush,nodelay", [("on", "off", "on"), ("on", "on", "off"), ("off", "off", "on"),
+                                                     ("off", "on", "off")],
+                         ids=["sendfile", "sendfile-nopush-nodelay_off", "copy", "copy-nopush-nodelay_off"])
 def test_nginx_serves_files_byte_exact(files, tmp_path, method, sendfile, nopush, nodelay):
     root, sums = files
     log = str(tmp_path / "rs.log")

@@ -97,7 +97,8 @@ CHECKS = {
         oob_none_pending poll_pri_urgent inband_before_mark oob_byte inband_after_mark reply_after_oob eof_after_oob
         getpeername getsockname fionread_all_arrived tcp_info_state tcp_info_bytes_received recv_peek_trunc
         recv_trunc_discards data_after_trunc cork_data o_async_set sigio_each_message
-        recvmmsg preadv2_offset_espipe preadv2_socket sendmsg_ancillary_data splice_from_socket splice_into_socket_data write_after_splice
+        recvmmsg preadv2_offset_espipe preadv2_socket sendmsg_ancillary_data recvmsg_timestamp_inq
+        recvmsg_after_ancillary splice_from_socket splice_into_socket_data write_after_splice
         eof_after_splice banner_written_closed
     """.split(),
     "client": """
@@ -124,7 +125,7 @@ CHECKS = {
         send_oob read_after_oob
         tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear
         so_error_refused so_error_cleared
-        sendmmsg pwritev2_socket sendmsg_ancillary send_for_splice splice_into_socket read_after_splice banner_then_eof
+        sendmmsg pwritev2_socket sendmsg_ancillary send_for_timestamp send_for_splice splice_into_socket read_after_splice banner_then_eof
     """.split(),
 }
 ROLE_OF = {name: role for role, names in CHECKS.items() for name in names}

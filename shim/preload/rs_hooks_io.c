@@ -4,6 +4,9 @@
  * ring has room or data. */
 #include "rs_preload.h"
 #include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -90,13 +93,51 @@ RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
     HOOK(recv_iov(s_, iov, cnt, 0, &plain_), rs_real.readv(fd, iov, cnt));
 }
 
+/* The ancillary data a TCP socket gives with received bytes, if the program asked for it:
+ * a receive timestamp (SO_TIMESTAMP / SO_TIMESTAMPNS: when the bytes were taken from the
+ * ring, which is when they became the socket's) and TCP_INQ (bytes left to read). */
+static void rx_ancillary(struct rs_sock *s, struct msghdr *m)
+{
+    size_t room = m->msg_controllen, used = 0;
+    int ns = 0, us = 0, inq = 0;
+    socklen_t l = sizeof ns;
+    m->msg_controllen = 0;
+    if (!m->msg_control || !room) return;
+    if (rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMPNS, &ns, &l) < 0) ns = 0;
+    l = sizeof us;
+    if (!ns && rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMP, &us, &l) < 0) us = 0;
+    l = sizeof inq;
+    if (rs_real.getsockopt(s->fd, IPPROTO_TCP, TCP_INQ, &inq, &l) < 0) inq = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct timeval tv = { now.tv_sec, now.tv_nsec / 1000 };
+    int left = (int)rs_rx_available(s->conn);
+    struct { int on, level, type; const void *data; size_t len; } item[] = {
+        { ns, SOL_SOCKET, SCM_TIMESTAMPNS, &now, sizeof now },
+        { us, SOL_SOCKET, SCM_TIMESTAMP, &tv, sizeof tv },
+        { inq, IPPROTO_TCP, TCP_CM_INQ, &left, sizeof left },
+    };
+    for (unsigned i = 0; i < sizeof item / sizeof item[0]; i++) {
+        if (!item[i].on) continue;
+        if (used + CMSG_SPACE(item[i].len) > room) { m->msg_flags |= MSG_CTRUNC; break; }
+        struct cmsghdr *c = (struct cmsghdr *)((char *)m->msg_control + used);
+        c->cmsg_level = item[i].level;
+        c->cmsg_type = item[i].type;
+        c->cmsg_len = CMSG_LEN(item[i].len);
+        memcpy(CMSG_DATA(c), item[i].data, item[i].len);
+        used += CMSG_SPACE(item[i].len);
+    }
+    m->msg_controllen = used;
+}
+
 static ssize_t recv_msg(struct rs_sock *s, struct msghdr *m, int flags, int *plain)
 {
     ssize_t r = recv_iov(s, m->msg_iov, (int)m->msg_iovlen, flags, plain);
     if (!*plain) {
         m->msg_namelen = 0;
-        m->msg_controllen = 0;
         m->msg_flags = 0;
+        if (r > 0 && rs_sock_state(s) == RS_RING) rx_ancillary(s, m);
+        else m->msg_controllen = 0;
     }
     return r;
 }

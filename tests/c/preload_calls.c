@@ -2518,6 +2518,32 @@ static void vecio_server(void)
     CHECK("preadv2_socket", r == 6 && !memcmp(x, "abc", 3) && !memcmp(y, "def", 3), "returned %zd errno=%d", r, errno);
     char anc[4];
     CHECK("sendmsg_ancillary_data", rd_full(fd, anc, 4) == 4 && !memcmp(anc, "anc!", 4), "errno=%d", errno);
+    /* receive-side ancillary data: SO_TIMESTAMPNS and TCP_INQ */
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
+    ctl_send("ts", 0);
+    wait_fionread(fd, 10, &last);
+    char tsd[10];
+    union { struct cmsghdr h; char buf[256]; } rc;
+    struct iovec tv4 = { tsd, 4 };
+    struct msghdr rm = { .msg_iov = &tv4, .msg_iovlen = 1, .msg_control = rc.buf, .msg_controllen = sizeof rc.buf };
+    r = recvmsg(fd, &rm, 0);
+    struct timespec now, *got_ts = NULL;
+    int inq = -1;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&rm); c; c = CMSG_NXTHDR(&rm, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) got_ts = (struct timespec *)CMSG_DATA(c);
+        if (c->cmsg_level == IPPROTO_TCP && c->cmsg_type == TCP_CM_INQ) memcpy(&inq, CMSG_DATA(c), sizeof inq);
+    }
+    long long age = got_ts ? (long long)(now.tv_sec - got_ts->tv_sec) : -1;
+    CHECK("recvmsg_timestamp_inq", r == 4 && !memcmp(tsd, "0123", 4) && got_ts && age >= 0 && age < 5 && inq == 6 &&
+          !(rm.msg_flags & MSG_CTRUNC), "r=%zd timestamp %s (age %lld s) inq %d flags 0x%x", r, got_ts ? "yes" : "no", age,
+          inq, rm.msg_flags);
+    CHECK("recvmsg_after_ancillary", rd_full(fd, tsd, 6) == 6 && !memcmp(tsd, "456789", 6), "errno=%d", errno);
+    int zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &zero, sizeof zero);
+    setsockopt(fd, IPPROTO_TCP, TCP_INQ, &zero, sizeof zero);
     ctl_send("spl", 0);
     /* splice socket -> pipe, then read the pipe */
     int pp[2];
@@ -2575,6 +2601,8 @@ static void vecio_client(void)
     struct msghdr am = { .msg_iov = &av, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf };
     r = sendmsg(fd, &am, 0);
     CHECK("sendmsg_ancillary", r == 4, "returned %zd errno=%d", r, errno);
+    ctl_need("ts", NULL);
+    CHECK("send_for_timestamp", wr_all(fd, "0123456789", 10) == 10, "errno=%d", errno);
     ctl_need("spl", NULL);
     CHECK("send_for_splice", send_pat(fd, 71, 0, SPL_IN), "errno=%d", errno);
     /* pipe -> splice -> socket */
