@@ -2518,10 +2518,13 @@ static void vecio_server(void)
     CHECK("preadv2_socket", r == 6 && !memcmp(x, "abc", 3) && !memcmp(y, "def", 3), "returned %zd errno=%d", r, errno);
     char anc[4];
     CHECK("sendmsg_ancillary_data", rd_full(fd, anc, 4) == 4 && !memcmp(anc, "anc!", 4), "errno=%d", errno);
-    /* receive-side ancillary data: SO_TIMESTAMPNS and TCP_INQ */
+    /* receive-side ancillary data: SO_TIMESTAMPNS and TCP_INQ.  The kernel switches
+     * receive timestamps on asynchronously (a deferred static key): give it a moment
+     * before the bytes come, or a plain socket's first packets may carry none. */
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
+    sleep_ms(50);
     ctl_send("ts", 0);
     wait_fionread(fd, 10, &last);
     char tsd[10];
