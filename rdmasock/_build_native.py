@@ -39,6 +39,7 @@ struct rs_rx {
     uint64_t bells_drained;
     uint8_t fin_seen;
     uint8_t pre;
+    uint8_t pre_lazy;
     uint32_t pre_left;
     ...;
 };
@@ -60,6 +61,7 @@ typedef struct rs_conn {
 rs_conn *rs_conn_new_tcp(int fd);
 ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_pre_switch(int fd);
+void rs_pre_switch_later(rs_conn *c);
 struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void rs_conn_free(rs_conn *c);

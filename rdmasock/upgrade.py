@@ -39,11 +39,13 @@ def _stream_ended(sock):
 
 class Outcome:
     """How a handshake ended.  `preamble`: the server answered a HELLO, so the client's
-    first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9)."""
-    __slots__ = ("transport", "reason", "conn", "preamble")
+    first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9);
+    `lazy_switch`: that SWITCH comes only with the client's first records or TCP byte."""
+    __slots__ = ("transport", "reason", "conn", "preamble", "lazy_switch")
 
     def __init__(self, transport, reason=None, conn=None, preamble=False):
         self.transport, self.reason, self.conn, self.preamble = transport, reason, conn, preamble
+        self.lazy_switch = False
 
 
 def _ready_now(fd, events):
@@ -177,18 +179,21 @@ def after_answer(side, outcome, fd):
     ends its preamble with SWITCH; a server that answered a HELLO reads the client's
     preamble first (rx_pre on the ring, or a ring-less reader after a DECLINE, returned)."""
     if isinstance(side, Client):
-        if outcome.reason != "closed_during_handshake":
+        if outcome.conn is not None:
+            lib.rs_pre_switch_later(outcome.conn)   # with our first records or TCP byte
+        elif outcome.reason != "closed_during_handshake":
             lib.rs_pre_switch(fd)               # our last preamble frame; failure shows later
         return None
     if not outcome.preamble:
         return None
-    if outcome.conn is not None:
-        outcome.conn.rx.pre = 1
-        return None
-    pre = lib.rs_conn_new_tcp(fd)
-    if pre == ffi.NULL:
-        raise MemoryError("rdmasock: no memory for a connection")
-    return pre
+    pre = outcome.conn
+    if pre is None:
+        pre = lib.rs_conn_new_tcp(fd)
+        if pre == ffi.NULL:
+            raise MemoryError("rdmasock: no memory for a connection")
+    pre.rx.pre = 1
+    pre.rx.pre_lazy = outcome.lazy_switch      # no SWITCH to wait for at close (rs_pre_quiesce)
+    return None if outcome.conn is not None else pre
 
 
 class _Side:
@@ -386,6 +391,7 @@ class Server(_Side):
         reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
         outcome = self._choose(msg, reply)
         outcome.preamble = bool(msg.features & hs.F_PREAMBLE)   # an older client sends plain bytes
+        outcome.lazy_switch = bool(msg.features & hs.F_LAZY_SWITCH)
         try:
             _sendall(self.sock, reply.pack())
         except OSError:

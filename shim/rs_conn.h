@@ -60,6 +60,7 @@ struct rs_rx {
     uint8_t  peer_reset;      /* ... and it was RESET: ECONNRESET after the data before it */
     uint8_t  shut_rd;         /* shutdown(SHUT_RD): reads take what is there, then 0 */
     uint8_t  pre;             /* server: the client's preamble frames come first (rs_preamble.c) */
+    uint8_t  pre_lazy;        /* ... and the client sends SWITCH only with records or bytes after it */
     uint8_t  lazy_tidy;       /* preload: its hooks answer readiness from the ring, so doorbells of
                                * consumed records may stay pending (no tidy system calls), and a
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
@@ -93,6 +94,8 @@ struct rs_conn {
     uint8_t  fb_done;         /* both directions plain TCP: the kernel socket tells readiness */
     uint8_t  err_claimed;
     uint8_t  reset_reported;  /* the peer's reset was reported (rs_conn_reset_once) */
+    uint8_t  switch_due;      /* client: SWITCH goes before our next TCP byte or after our first
+                               * records (1 due, 2 being sent; rs_preamble.c) */
     char     errmsg[RS_ERRMSG_LEN];
 
     /* memory owned by this connection: the shm mapping, or the rdma rings and words */
@@ -172,6 +175,13 @@ uint64_t rs_rx_produced(rs_conn *c);
 #define RS_PRE_PARTIAL_NS   5000000000ull  /* a frame header left incomplete this long is an error */
 ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int      rs_pre_switch(int fd);
+void     rs_pre_switch_later(rs_conn *c);
+void     rs_tx_switch_now(rs_conn *c);
+/* Before any byte of ours on the TCP socket, and once our first records are in the ring. */
+static inline void rs_tx_switch(rs_conn *c)
+{
+    if (__builtin_expect(__atomic_load_n(&c->switch_due, __ATOMIC_ACQUIRE), 0)) rs_tx_switch_now(c);
+}
 ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 int      rs_pre_settle(rs_conn *c);
 int      rs_pre_quiesce(rs_conn *c, uint64_t ns);

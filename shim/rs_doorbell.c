@@ -22,6 +22,7 @@
  * a byte that never left is taken back so the consumer does not wait to drain it. */
 static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 {
+    rs_tx_switch(c);
     long r = rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r == 1) { __atomic_fetch_add(&c->bells_sent, 1, __ATOMIC_RELAXED); return 1; }
     __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
@@ -33,6 +34,7 @@ static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
  * asked for it. */
 void rs_tx_flush_bell(rs_conn *c)
 {
+    rs_tx_switch(c);                                    /* our first records are out */
     if (c->tx.fb) return;                               /* after a RESYNC frame only the stream */
     if (c->rdma) { rs_rdma_flush_bell(c); return; }
     struct rs_dir_ctl *k = c->tx.ctl;

@@ -133,6 +133,7 @@ static int tx_broken(rs_conn *c, long n)
  * block, -errno. */
 static int tx_pump(rs_conn *c)
 {
+    rs_tx_switch(c);
     while (c->tx.fb_out_sent < c->tx.fb_out_len) {
         long n = rs_c_send(c, c->tx.fb_out + c->tx.fb_out_sent, c->tx.fb_out_len - c->tx.fb_out_sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);

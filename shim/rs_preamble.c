@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include "rs_conn.h"
@@ -104,6 +105,31 @@ int rs_pre_switch(int fd)
     return (int)send_frame(fd, RS_PRE_SWITCH, NULL, 0, 0);
 }
 
+/* A client whose handshake ends outside a write sends its SWITCH lazily: just before its
+ * first byte on the TCP socket after the answer (a doorbell, a RESYNC frame), or just
+ * after its first records are in the ring (rs_tx_flush_bell), data or FIN.  A SWITCH
+ * sent at once would make the server's socket readable with nothing to read; sent after
+ * the records, the server it wakes finds them, as a TCP reader woken by data finds data.
+ * The server reads no ring before SWITCH, so records may precede it. */
+void rs_pre_switch_later(rs_conn *c)
+{
+    RS_SET(c->switch_due, 1);
+}
+
+void rs_tx_switch_now(rs_conn *c)
+{
+    uint8_t due = 1;
+    if (__atomic_compare_exchange_n(&c->switch_due, &due, 2, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        int fd = rs_fd_enter(c);
+        rs_pre_switch(fd);                      /* a failure shows at the next call */
+        rs_fd_leave(c);
+        RS_SET(c->switch_due, 0);
+        return;
+    }
+    /* Another thread is sending it: no byte of ours may overtake it. */
+    while (RS_GET(c->switch_due) == 2) sched_yield();
+}
+
 /* Bytes waiting on the socket (up to a header's worth). */
 static long peek_len(rs_conn *c)
 {
@@ -171,6 +197,7 @@ int rs_pre_settle(rs_conn *c)
  * client's own data stay unread: TCP resets then too.  1 if the preamble is over. */
 int rs_pre_quiesce(rs_conn *c, uint64_t ns)
 {
+    if (c->rx.pre_lazy) ns = 0;                       /* its SWITCH is not in flight on its own */
     uint64_t until = rs_now_ns() + ns;
     while (RS_GET(c->rx.pre)) {
         if (rs_pre_settle(c)) return 1;

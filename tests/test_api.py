@@ -172,6 +172,20 @@ def test_half_close_both_ways(pair):
     assert s.recv(10) == b""
 
 
+def test_download_only_client_stays_on_the_ring(pair):
+    """A client that only reads sends its first TCP bytes as credit doorbells (its SWITCH
+    goes first): a stream several rings long arrives whole, still on the ring."""
+    c, s = pair()
+    payload = os.urandom(1 << 20) * 6
+    t = threading.Thread(target=s.sendall, args=(payload,))
+    t.start()
+    assert recv_exact(c, len(payload)) == payload
+    t.join(30)
+    assert (c.transport, s.transport) == ("shm", "shm")
+    s.close()
+    assert c.recv(10) == b""
+
+
 def test_close_delivers_eof_after_data(pair):
     c, s = pair()
     c.sendall(b"last words")

@@ -30,6 +30,38 @@ def test_select_wakes_for_ring_data_and_partial_reads(pair):
     assert got == b"x" * 5000
 
 
+def test_first_write_wakes_a_nonblocking_reader_with_data():
+    """The server's socket becomes readable through the client's first write (which also
+    ends the client's handshake): the read after select finds that data, never EAGAIN
+    (CPython test_socket NonBlockingTCPTests.testRecv)."""
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    try:
+        for i in range(40):
+            cli = rdmasock.socket()
+            go = threading.Event()
+
+            def client():
+                cli.connect(srv.getsockname())
+                go.wait(5)
+                cli.sendall(b"first bytes %d" % i)
+
+            t = threading.Thread(target=client)
+            t.start()
+            conn, _ = srv.accept()
+            conn.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                conn.recv(100)
+            go.set()
+            assert select.select([conn], [], [], 5)[0] == [conn]
+            assert conn.recv(100) == b"first bytes %d" % i
+            assert conn.transport == "shm"
+            t.join(5)
+            conn.close()
+            cli.close()
+    finally:
+        srv.close()
+
+
 def test_peek_does_not_hide_readiness(pair):
     c, s = pair()
     s.settimeout(0.5)
