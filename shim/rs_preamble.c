@@ -144,6 +144,15 @@ static int read_header(rs_conn *c)
 {
     uint8_t h[RS_PRE_HDR];
     long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
+    if ((n == 0 || n == -ECONNRESET) && c->tx.ring) {
+        /* An upgraded client's socket ended at a frame boundary: its process is gone (a
+         * lazy client that never wrote again sends no SWITCH; its kernel may reset over
+         * doorbell bytes it left unread).  What it wrote is in the ring, and the end reads
+         * as it does on the ring: end of stream, or a reset if it left our data unread. */
+        RS_SET(c->tcp_eof, 1);
+        RS_SET(c->rx.pre, 0);
+        return 1;
+    }
     if (n == 0) return 0;
     /* A client that closed right after its HELLO, having sent nothing: our ACCEPT reached
      * a closed socket (or sat unread in it) and its kernel answered with a reset.  Over

@@ -48,6 +48,39 @@ def test_peer_sigkilled_writer_sees_error(peers):
     c.close()
 
 
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
+    """A client process that dies after its last read, leaving nothing of the server's
+    unread: over TCP every server connection reads the end of the stream.  The same under
+    the preload (both ends), whichever way each connection's first bytes travelled
+    (preamble frame or ring), and whatever doorbells the client left unread."""
+    prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "killed_client.py")
+    run = [sys.executable, "-m", "rdmasock", "run", "--"]
+    ends = {}
+    for mode in ("plain", "preload"):
+        pre = run if mode == "preload" else []
+        env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", "30"], stdout=subprocess.PIPE, env=env)
+        cli = None
+        try:
+            port = srv.stdout.readline().split()[1].decode()
+            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port, "30"], stdout=subprocess.PIPE,
+                                   env=env)
+            assert cli.stdout.readline() == b"ready\n"
+            time.sleep(0.2)
+            cli.send_signal(getattr(__import__("signal"), how))
+            cli.wait(10)
+            ends[mode] = srv.communicate(timeout=60)[0]
+        finally:
+            for p in (cli, srv):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    assert ends["plain"] == b'{"eof": 30}\n'
+    assert ends["preload"] == ends["plain"]
+    assert "shm" in open(tmp_path / "log").read()
+
+
 def test_full_ring_backpressure(pair):
     c, s = pair()
     c.setblocking(False)
