@@ -54,7 +54,7 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     unread: over TCP every server connection reads the end of the stream.  The same under
     the preload (both ends), whichever way each connection's first bytes travelled
     (preamble frame or ring), and whatever doorbells the client left unread."""
-    prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "killed_client.py")
+    prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "echo_threads.py")
     run = [sys.executable, "-m", "rdmasock", "run", "--"]
     ends = {}
     for mode in ("plain", "preload"):
@@ -64,7 +64,7 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
         cli = None
         try:
             port = srv.stdout.readline().split()[1].decode()
-            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port, "30"], stdout=subprocess.PIPE,
+            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port, "30", "wait"], stdout=subprocess.PIPE,
                                    env=env)
             assert cli.stdout.readline() == b"ready\n"
             time.sleep(0.2)

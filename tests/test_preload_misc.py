@@ -181,3 +181,27 @@ def test_log_file_is_private_and_never_followed(cbin, tmp_path, writer):
     r2 = run_once(link)
     assert r2.returncode == 0 and not r2.stderr and r2.stdout == expected, r2
     assert victim.read_bytes() == b"untouched"
+
+
+def test_threads_connecting_while_the_engine_loads_all_upgrade(tmp_path):
+    """30 threads of a fresh process connect at the same moment: the first loads the
+    engine, the others wait for it and are upgraded too (none slips through as plain
+    TCP while the load is under way)."""
+    prog = os.path.join(HERE, "echo_threads.py")
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + ["/usr/bin/python3", prog, "server", "30"], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + ["/usr/bin/python3", prog, "client", port, "30"], capture_output=True,
+                           env=_env(log), timeout=90)
+        assert r.stdout == b"ready\n" and not r.stderr, (r.stdout, r.stderr)
+        assert srv.communicate(timeout=60)[0] == b'{"eof": 30}\n'
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(10)
+    lines = open(log).read().splitlines()
+    for role in ("client", "server"):
+        mine = [l for l in lines if "role=%s " % role in l]
+        assert len(mine) == 30 and all("transport=shm" in l for l in mine), mine
+

@@ -61,25 +61,25 @@ static int env_true(const char *name)
     return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
 }
 
-static void engine_load(void)
+/* Under eng_lock.  1 when the engine is usable. */
+static int engine_load(void)
 {
     static char why[2048];
-    eng_state = -1;
-    if (env_true("RDMASOCK_DISABLE")) return;               /* never start Python */
+    if (env_true("RDMASOCK_DISABLE")) return 0;             /* never start Python */
     /* A Python host of another minor version cannot share its interpreter with ours. */
     const char *(*host_version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     if (host_version && strncmp(host_version(), RS_PY_VERSION ".", strlen(RS_PY_VERSION) + 1)) {
         snprintf(why, sizeof why, "python_version_mismatch: the program runs Python %.16s, rdmasock was built for %s",
                  host_version(), RS_PY_VERSION);
         log_unusable(why);
-        return;
+        return 0;
     }
-    if (rs_pyworld_find(&world, why, sizeof why)) { log_unusable(why); return; }
+    if (rs_pyworld_find(&world, why, sizeof why)) { log_unusable(why); return 0; }
     /* A host that is not Python gets the installation's libpython, found at run time. */
     if (!host_version && !dlopen(world.libpython, RTLD_NOW | RTLD_GLOBAL)) {
         snprintf(why, sizeof why, "engine_not_loadable: %.1000s (the interpreter %.900s needs it)", dlerror(), world.exe);
         log_unusable(why);
-        return;
+        return 0;
     }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", world.pkgdir, RS_ENGINE_FILE);
@@ -87,7 +87,7 @@ static void engine_load(void)
     if (!h) {
         snprintf(why, sizeof why, "engine_not_loadable: %s", dlerror());
         log_unusable(why);
-        return;
+        return 0;
     }
 #define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
     SYM(boot, "rse_boot"); SYM(status, "rse_status"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
@@ -98,11 +98,18 @@ static void engine_load(void)
         !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back) {
         snprintf(why, sizeof why, "engine_incomplete: %.1900s lacks an rse_* entry point (a mismatched build)", path);
         log_unusable(why);
-        return;
+        return 0;
     }
-    if (eng.boot(world.exe, world.root, why, sizeof why) != 0) { log_unusable(why); return; }
-    if (!eng.status(why, sizeof why)) { log_unusable(why); return; }
-    eng_state = 1;
+    if (eng.boot(world.exe, world.root, why, sizeof why) != 0) { log_unusable(why); return 0; }
+    if (!eng.status(why, sizeof why)) { log_unusable(why); return 0; }
+    return 1;
+}
+
+static int host_holds_gil(void)
+{
+    int (*initialized)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    int (*holds)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    return initialized && holds && initialized() && holds();
 }
 
 int rs_engine_ready(void)
@@ -112,8 +119,16 @@ int rs_engine_ready(void)
     if (rs_in_engine) return 0;
     int e = errno;
     rs_in_engine = 1;
-    pthread_mutex_lock(&eng_lock);
-    if (!eng_state) engine_load();
+    if (pthread_mutex_trylock(&eng_lock)) {
+        /* Another thread is loading the engine.  In a Python host that load needs the
+         * GIL: a caller holding it (a C extension that does not release it around the
+         * call) gets plain TCP for this socket rather than a deadlock. */
+        if (host_holds_gil()) { rs_in_engine = 0; errno = e; return 0; }
+        pthread_mutex_lock(&eng_lock);
+    }
+    /* Other threads read eng_state without the lock: it changes once, from 0 to the
+     * outcome (a thread that sees 0 waits here for the load to end). */
+    if (!eng_state) __atomic_store_n(&eng_state, engine_load() ? 1 : -1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&eng_lock);
     rs_in_engine = 0;
     errno = e;
