@@ -36,7 +36,7 @@ F_LAZY_CREDIT = 1 << 1     # credit returned every quarter ring
 F_INBAND_FIN = 1 << 2      # half-close travels as a FIN record
 F_SPIN_SKIP = 1 << 3       # consumer's spin_limit lets the producer skip doorbells
 F_PREAMBLE = 1 << 4        # client bytes before the answer travel as TCP frames, then SWITCH
-F_LAZY_SWITCH = 1 << 5     # optional: the client's SWITCH comes with its first records or TCP byte
+F_LAZY_SWITCH = 1 << 5     # optional: the client's SWITCH comes with its first records, TCP byte or read
 REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP | F_PREAMBLE
 SUPPORTED = REQUIRED | F_LAZY_SWITCH
 

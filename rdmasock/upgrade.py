@@ -40,7 +40,7 @@ def _stream_ended(sock):
 class Outcome:
     """How a handshake ended.  `preamble`: the server answered a HELLO, so the client's
     first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9);
-    `lazy_switch`: that SWITCH comes only with the client's first records or TCP byte."""
+    `lazy_switch`: that SWITCH comes only with the client's first records, TCP byte or read."""
     __slots__ = ("transport", "reason", "conn", "preamble", "lazy_switch")
 
     def __init__(self, transport, reason=None, conn=None, preamble=False):
@@ -180,7 +180,7 @@ def after_answer(side, outcome, fd):
     preamble first (rx_pre on the ring, or a ring-less reader after a DECLINE, returned)."""
     if isinstance(side, Client):
         if outcome.conn is not None:
-            lib.rs_pre_switch_later(outcome.conn)   # with our first records or TCP byte
+            lib.rs_pre_switch_later(outcome.conn)   # with our first records, TCP byte or read
         elif outcome.reason != "closed_during_handshake":
             lib.rs_pre_switch(fd)               # our last preamble frame; failure shows later
         return None

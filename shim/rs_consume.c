@@ -353,6 +353,7 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     ssize_t got = 0;
     if (len == 0) return 0;
+    rs_tx_switch(c);            /* a client's first read ends the server's preamble too */
     if (flags & RS_MSG_TRUNC) return recv_discard(c, len, flags & ~RS_MSG_TRUNC, timeout_ms);
     uint64_t deadline = rs_deadline(timeout_ms);      /* one timeout for the whole call */
     while (RS_GET(c->rx.pre)) {

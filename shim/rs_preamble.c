@@ -106,11 +106,14 @@ int rs_pre_switch(int fd)
 }
 
 /* A client whose handshake ends outside a write sends its SWITCH lazily: just before its
- * first byte on the TCP socket after the answer (a doorbell, a RESYNC frame), or just
- * after its first records are in the ring (rs_tx_flush_bell), data or FIN.  A SWITCH
- * sent at once would make the server's socket readable with nothing to read; sent after
- * the records, the server it wakes finds them, as a TCP reader woken by data finds data.
- * The server reads no ring before SWITCH, so records may precede it. */
+ * first byte on the TCP socket after the answer (a doorbell, a RESYNC frame), just after
+ * its first records are in the ring (rs_tx_flush_bell), data or FIN, or at its first
+ * read (rs_recv).  A SWITCH sent at once would make the server's socket readable with
+ * nothing to read; sent after the records, the server it wakes finds them, as a TCP
+ * reader woken by data finds data.  The server reads no ring before SWITCH, so records
+ * may precede it.  Not later than the first read: until SWITCH the server treats the
+ * socket as still in its handshake, and takes readiness, writability too, from the
+ * kernel socket, which knows nothing of room in our ring. */
 void rs_pre_switch_later(rs_conn *c)
 {
     RS_SET(c->switch_due, 1);
