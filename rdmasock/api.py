@@ -19,6 +19,8 @@ from . import config, handshake as hs, log, reasons, rendezvous, upgrade
 from ._native import ffi, lib
 
 _base = _socket.socket
+# TCP options of an upgraded socket's TCP socket, which carries doorbells: value kept
+_DOORBELL_TCP_OPTS = ((_socket.TCP_NODELAY, 1), (_socket.TCP_CORK, 0))
 _links = {}            # socket inode -> _Link: the connection behind several objects
 _links_lock = threading.Lock()
 PRELOADED = False      # set by the preload engine: it upgrades every socket of the process
@@ -77,7 +79,7 @@ class socket(_base):
         self._conn = None          # C connection when upgraded
         self._role = "-"           # "client" or "server" once the handshake settled (log lines)
         self._hs = None            # upgrade.Client / upgrade.Server while handshaking
-        self._app_nodelay = 0      # TCP_NODELAY as the application set it (upgraded sockets)
+        self._app_tcp = {}         # TCP_NODELAY/TCP_CORK as the application set them (upgraded sockets)
         self._rxpre = None         # server that declined: C reader of the client's preamble
         self._broken = None        # exception to raise (bad handshake)
         self._lmarker = None       # listener rendezvous registration
@@ -246,10 +248,12 @@ class socket(_base):
         client = isinstance(h, upgrade.Client)
         if outcome.conn is not None:
             # The TCP socket now carries only doorbell bytes: Nagle would hold a bell
-            # behind an unacknowledged one for a delayed-ACK time.  The application's own
-            # setting is kept virtually (getsockopt/setsockopt below).
-            self._app_nodelay = _base.getsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY)
-            _base.setsockopt(self, _socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            # behind an unacknowledged one for a delayed-ACK time, a cork for up to 200 ms.
+            # The application's own settings are kept virtually (getsockopt/setsockopt).
+            for opt, want in _DOORBELL_TCP_OPTS:
+                self._app_tcp[opt] = _base.getsockopt(self, _socket.IPPROTO_TCP, opt)
+                if self._app_tcp[opt] != want:
+                    _base.setsockopt(self, _socket.IPPROTO_TCP, opt, want)
         self._rxpre = upgrade.after_answer(h, outcome, self.fileno())
         # Publish the connection before clearing _hs: a thread that sees _hs gone is then
         # sure to see the ring (see _plain), never the bare TCP socket.
@@ -714,16 +718,16 @@ class socket(_base):
         return lib.rs_rx_available(self._conn)
 
     def setsockopt(self, level, optname, value, optlen=None):
-        if self._conn is not None and (level, optname) == (_socket.IPPROTO_TCP, _socket.TCP_NODELAY):
-            self._app_nodelay = 1 if value else 0     # the doorbell socket keeps Nagle off
+        if self._conn is not None and level == _socket.IPPROTO_TCP and optname in self._app_tcp:
+            self._app_tcp[optname] = 1 if value else 0     # the doorbell socket keeps Nagle and the cork off
             return None
         if optlen is None:
             return _base.setsockopt(self, level, optname, value)
         return _base.setsockopt(self, level, optname, value, optlen)
 
     def getsockopt(self, *args):
-        if self._conn is not None and args[:2] == (_socket.IPPROTO_TCP, _socket.TCP_NODELAY) and len(args) == 2:
-            return self._app_nodelay
+        if self._conn is not None and args[0] == _socket.IPPROTO_TCP and args[1] in self._app_tcp and len(args) == 2:
+            return self._app_tcp[args[1]]
         h = self._hs
         if h is not None and isinstance(h, upgrade.Client) and not h.hello_sent and args[:2] == (_socket.SOL_SOCKET, _socket.SO_ERROR):
             # asyncio finishes a nonblocking connect by reading SO_ERROR: send the HELLO now.

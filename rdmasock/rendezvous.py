@@ -25,6 +25,7 @@ import errno
 import ipaddress
 import os
 import socket as _socket
+import _socket as _c        # the C socket type: its methods even when socket.socket is patched
 import stat
 import struct
 
@@ -83,7 +84,7 @@ def register_listener(sock):
         if sock.family == _socket.AF_INET:
             ip = "*4"
         else:
-            v6only = _socket.socket.getsockopt(sock, _socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
+            v6only = _c.socket.getsockopt(sock, _socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY)
             ip = "*6" if v6only else "*46"
     m = _register(_name("l", ip, sockname[1]), 1)
     if m is not None:

@@ -10,12 +10,13 @@ import secrets
 import select
 import socket as _s
 import time
+import _socket as _c        # the C socket type: its methods even when socket.socket is patched
 
 from . import config, handshake as hs, reasons, rendezvous, transport_rdma, transport_shm
 from ._native import ffi, lib
 from .devices import RdmaUnavailable
 
-_sendall = _s.socket.sendall
+_sendall = _c.socket.sendall
 
 
 def _recv(sock, n, flags):
@@ -162,10 +163,10 @@ def _keepalive(sock):
     if not ka:
         return
     try:
-        _s.socket.setsockopt(sock, _s.SOL_SOCKET, _s.SO_KEEPALIVE, 1)
-        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPIDLE, ka[0])
-        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPINTVL, ka[1])
-        _s.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPCNT, ka[2])
+        _c.socket.setsockopt(sock, _s.SOL_SOCKET, _s.SO_KEEPALIVE, 1)
+        _c.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPIDLE, ka[0])
+        _c.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPINTVL, ka[1])
+        _c.socket.setsockopt(sock, _s.IPPROTO_TCP, _s.TCP_KEEPCNT, ka[2])
     except OSError:
         pass
 
@@ -297,7 +298,7 @@ class Client(_Side):
             return False
         if deadline is None and not _ready_now(fd, select.POLLOUT):
             return False
-        err = _s.socket.getsockopt(self.sock, _s.SOL_SOCKET, _s.SO_ERROR)
+        err = _c.socket.getsockopt(self.sock, _s.SOL_SOCKET, _s.SO_ERROR)
         if err:
             raise OSError(err, os.strerror(err))
         return True

@@ -171,11 +171,16 @@ int rs_rx_ready_locked(rs_conn *c)
     return 0;
 }
 
+static int pre_ready(rs_conn *c);
+
+/* For readiness hooks.  During the preamble too: the client's frames are data, a SWITCH
+ * with nothing behind it is not (it is consumed here). */
 int rs_rx_ready(rs_conn *c)
 {
-    if (c->rx.pre || !c->rx.ring) return 0;
+    if (!c->rx.ring) return 0;
+    if (RS_GET(c->rx.pre)) rs_pre_settle(c);
     rs_lock(&c->rx.lock);
-    int r = rs_rx_ready_locked(c);
+    int r = c->rx.pre ? pre_ready(c) : rs_rx_ready_locked(c);
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -225,6 +230,16 @@ static ssize_t pre_available(rs_conn *c)
         left = (uint32_t)buf[pos + 4] << 24 | (uint32_t)buf[pos + 5] << 16 | (uint32_t)buf[pos + 6] << 8 | buf[pos + 7];
         pos += RS_PRE_HDR;
     }
+}
+
+/* During the preamble (caller holds rx_lock): would a read return without waiting?
+ * Frame payload on the socket, or its end or error, which the read reports. */
+static int pre_ready(rs_conn *c)
+{
+    if (RS_GET(c->err) || pre_available(c) > 0) return 1;
+    uint8_t b;
+    long n = rs_c_recv(c, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && n != -EAGAIN);
 }
 
 /* Payload bytes the producer has made available so far (a mark for edge-triggered

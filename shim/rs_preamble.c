@@ -111,9 +111,9 @@ int rs_pre_switch(int fd)
  * read (rs_recv).  A SWITCH sent at once would make the server's socket readable with
  * nothing to read; sent after the records, the server it wakes finds them, as a TCP
  * reader woken by data finds data.  The server reads no ring before SWITCH, so records
- * may precede it.  Not later than the first read: until SWITCH the server treats the
- * socket as still in its handshake, and takes readiness, writability too, from the
- * kernel socket, which knows nothing of room in our ring. */
+ * may precede it.  Not later than the first read: until SWITCH every readiness check of
+ * the server peeks at its socket for frames (rs_rx_ready), and a client that only reads
+ * would keep it there. */
 void rs_pre_switch_later(rs_conn *c)
 {
     RS_SET(c->switch_due, 1);

@@ -243,9 +243,14 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     socklen_t sl = sizeof v;
     c->fd = s->fd;                              /* the engine worked on a descriptor of its own */
     if (syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) s->app_nodelay = v != 0;
+    sl = sizeof v;
+    if (syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &v, &sl) == 0) s->app_cork = v != 0;
     /* The TCP socket now carries only doorbells: Nagle would hold one back for a delayed
-     * ACK.  The application's own setting is kept virtually (rs_sock_setopt_seen). */
+     * ACK, a cork for up to 200 ms.  The application's own settings are kept virtually
+     * (the getsockopt/setsockopt hooks). */
+    int zero = 0;
     syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (s->app_cork) syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
     s->conn = c;
     int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
     c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));

@@ -59,6 +59,7 @@ struct rs_sock {
     uint8_t  nonblock;        /* O_NONBLOCK as the application set it */
     uint8_t  forked;          /* a fork happened while it existed: another process may hold it */
     uint8_t  app_nodelay;     /* TCP_NODELAY as the application set it (RING) */
+    uint8_t  app_cork;        /* TCP_CORK as the application set it (RING) */
     uint8_t  hello_pending;   /* client: nonblocking connect not finished, HELLO not sent */
     uint8_t  ep_unknown;      /* registered with epoll before connect in a way we could not
                                * take over: non-blocking reads keep arming */

@@ -31,6 +31,20 @@ def test_is_a_socket_and_fileno_is_the_tcp_socket(pair):
     assert socket.socket(fileno=os.dup(c.fileno())).type == socket.SOCK_STREAM
 
 
+def test_nagle_and_cork_are_kept_virtually(pair):
+    """TCP_NODELAY off and TCP_CORK on would hold doorbells back (a cork for 200 ms per
+    bell): the program sees its own values, the TCP socket keeps Nagle and the cork off."""
+    import _socket
+    c, s = pair()
+    for opt, kernel in ((socket.TCP_NODELAY, 1), (socket.TCP_CORK, 0)):
+        for value in (1, 0, 1):
+            s.setsockopt(socket.IPPROTO_TCP, opt, 1 - kernel if value else kernel)
+            assert s.getsockopt(socket.IPPROTO_TCP, opt) == (1 - kernel if value else kernel)
+            assert _socket.socket.getsockopt(s, socket.IPPROTO_TCP, opt) == kernel
+    c.sendall(b"ping")
+    assert recv_exact(s, 4) == b"ping"
+
+
 def test_other_families_are_plain_sockets():
     """rdmasock.socket stands in for socket.socket for every family (a program may patch
     the socket module with it); only INET stream sockets are ever upgraded."""

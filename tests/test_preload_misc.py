@@ -205,3 +205,27 @@ def test_threads_connecting_while_the_engine_loads_all_upgrade(tmp_path):
         mine = [l for l in lines if "role=%s " % role in l]
         assert len(mine) == 30 and all("transport=shm" in l for l in mine), mine
 
+
+
+def test_server_poll_says_writable_only_with_room_while_the_client_is_quiet(tmp_path):
+    """The client's first byte goes as a preamble frame and it then stays quiet: the
+    server is still in its preamble when its ring fills.  poll() must not report POLLOUT
+    for a full ring (a level-triggered writer would spin), and the 8 MiB arrive whole."""
+    prog = os.path.join(HERE, "quiet_reader.py")
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + ["/usr/bin/python3", prog, "server"], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + ["/usr/bin/python3", prog, "client", port], capture_output=True, env=_env(log),
+                           timeout=90)
+        out = json.loads(srv.communicate(timeout=60)[0])
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(10)
+    import hashlib
+    want = hashlib.sha256(hashlib.sha256(b"seed").digest() * ((8 << 20) // 32)).hexdigest()
+    assert r.stdout.split() == [b"8388608", want.encode()] and not r.stderr, (r.stdout, r.stderr)
+    assert out["sent"] == 8 << 20
+    assert out["spurious"] < 100, out        # 150,000 when the kernel's POLLOUT was taken as is
+    assert "transport=shm" in open(log).read()

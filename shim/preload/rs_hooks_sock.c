@@ -230,8 +230,9 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
     if (!s) return rs_real.getsockopt(fd, level, name, val, len);
     int r;
-    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY && val && len && *len >= sizeof(int)) {
-        *(int *)val = s->app_nodelay;
+    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && (name == TCP_NODELAY || name == TCP_CORK) && val && len &&
+        *len >= sizeof(int)) {
+        *(int *)val = name == TCP_NODELAY ? s->app_nodelay : s->app_cork;
         *len = sizeof(int);
         r = 0;
     } else {
@@ -253,8 +254,11 @@ RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     struct rs_sock *s = rs_in_engine ? NULL : rs_sock_of(fd);
     if (!s) return rs_real.setsockopt(fd, level, name, val, len);
     int r = 0;
-    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && name == TCP_NODELAY && val && len >= sizeof(int)) {
-        s->app_nodelay = *(const int *)val != 0;   /* the doorbell socket keeps Nagle off */
+    if (rs_sock_state(s) == RS_RING && level == IPPROTO_TCP && (name == TCP_NODELAY || name == TCP_CORK) && val &&
+        len >= sizeof(int)) {
+        /* the doorbell socket keeps Nagle and the cork off */
+        if (name == TCP_NODELAY) s->app_nodelay = *(const int *)val != 0;
+        else s->app_cork = *(const int *)val != 0;
     } else {
         r = rs_real.setsockopt(fd, level, name, val, len);
         if (r == 0) rs_sock_setopt_seen(s, level, name, val, len);

@@ -50,8 +50,10 @@ struct rs_sock *rs_ring_sock(int fd)
     if (rs_in_engine) return NULL;
     struct rs_sock *s = rs_sock_of(fd);
     if (!s) return NULL;
-    if (rs_sock_state(s) == RS_RING && !RS_GET(s->conn->rx.pre) && !__atomic_load_n(&s->conn->fb_done, __ATOMIC_ACQUIRE))
-        return s;                                   /* fb_done: plain TCP again */
+    /* During a server's preamble too: writability is the ring's, and the client's frames
+     * are readable data (rs_rx_ready).  fb_done: plain TCP again. */
+    if (rs_sock_state(s) == RS_RING && !__atomic_load_n(&s->conn->fb_done, __ATOMIC_ACQUIRE))
+        return s;
     rs_sock_put(s);
     return NULL;
 }
@@ -86,6 +88,7 @@ short rs_ring_revents(rs_conn *c, short events)
 /* Arms one upgraded socket for a kernel sleep.  Returns 1 if it is ready after all. */
 int rs_ring_arm(rs_conn *c, short events)
 {
+    if (RS_GET(c->rx.pre)) rs_pre_settle(c);     /* a SWITCH left unread would keep the kernel's wait awake */
     int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
     /* Credit published since the spin looked (without a doorbell: nobody had asked for one)
      * makes the socket writable now; sleeping then would wait for a doorbell never sent. */
