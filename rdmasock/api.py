@@ -82,6 +82,7 @@ class socket(_base):
         self._app_tcp = {}         # TCP_NODELAY/TCP_CORK as the application set them (upgraded sockets)
         self._rxpre = None         # server that declined: C reader of the client's preamble
         self._broken = None        # exception to raise (bad handshake)
+        self._wrote_to_gone = False  # declined server: the one write TCP takes after the peer's close
         self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
         self._hs_lock = threading.RLock()   # handshake progress vs. queued writes, across threads
@@ -528,6 +529,8 @@ class socket(_base):
         c = self._conn
         if c is None:
             if self._plain_tx():
+                if self._rxpre is not None:
+                    return self._declined_send(_base.send, data, flags)
                 return _base.send(self, data, flags)       # plain, or a declined server
             n = self._send_preamble(data, flags)
             if n is not None:
@@ -542,6 +545,18 @@ class socket(_base):
                 return r
             if r != _EINTR:
                 self._fail(r)
+
+    def _declined_send(self, send, data, flags):
+        """A declined server before the client's SWITCH.  A client that closed during its
+        handshake answered our DECLINE with a reset, which TCP would not have had: as over
+        TCP after a peer's close, the first write succeeds and later ones fail."""
+        try:
+            return send(self, data, flags)
+        except (BrokenPipeError, ConnectionResetError):
+            if self._wrote_to_gone or not self._rxpre.rx.pre:
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)) from None
+            self._wrote_to_gone = True
+            return None if send is _base.sendall else len(memoryview(data).cast("B"))
 
     def _send_urgent(self, c, data, flags):
         """Urgent data exists only in TCP: the connection moves there first, behind every
@@ -568,6 +583,8 @@ class socket(_base):
                 elif r != _EINTR:
                     self._fail(r)
         if c is None and self._plain_tx():
+            if self._rxpre is not None:
+                return self._declined_send(_base.sendall, data, flags)
             return _base.sendall(self, data, flags)
         view = memoryview(data).cast("B")
         deadline = self._deadline()

@@ -1645,7 +1645,7 @@ static void t_pre_order(void)
     pre_switch(p.fd[1]);
     send_str(p.cli, "ring!");                                       /* first record: one doorbell */
     CHECK_EQ(p.cli->tx.ctl->data_bells, 1);
-    CHECK_EQ(rs_rx_ready(p.srv), 0);                                /* preamble: the socket tells */
+    CHECK_EQ(rs_rx_ready(p.srv), 1);                                /* preamble frames are data */
     CHECK_EQ(rs_rx_available(p.srv), 13);                           /* frames on the socket + ring */
     expect_recv_str(p.srv, 64, 0, 1000, "abc");
     CHECK_EQ(p.srv->rx.pre, 1);
@@ -1667,10 +1667,14 @@ static void t_pre_order(void)
     expect_recv_rc(p.srv, 0, 0, 1000);
     pair_close(&p);
 
-    /* an empty preamble: SWITCH alone */
+    /* an empty preamble: SWITCH alone, which readiness consumes (it is not data) */
     pre_pair_open(&p, 4096);
     pre_switch(p.fd[1]);
+    CHECK_EQ(rs_rx_ready(p.srv), 0);
+    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK(readable(p.fd[0], 0) == 0, "SWITCH left on the socket");
     send_str(p.cli, "direct");
+    CHECK_EQ(rs_rx_ready(p.srv), 1);
     expect_recv_str(p.srv, 64, 0, 1000, "direct");
     CHECK_EQ(p.srv->rx.pre, 0);
     pair_close(&p);
