@@ -16,7 +16,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include "rs_conn.h"
@@ -129,8 +128,10 @@ void rs_tx_switch_now(rs_conn *c)
         RS_SET(c->switch_due, 0);
         return;
     }
-    /* Another thread is sending it: no byte of ours may overtake it. */
-    while (RS_GET(c->switch_due) == 2) sched_yield();
+    /* Another thread is sending it: no byte of ours may overtake it.  Napping, not
+     * spinning: that send may wait for room on the socket (send_frame). */
+    struct timespec ts = { 0, 50000 };
+    while (RS_GET(c->switch_due) == 2) nanosleep(&ts, NULL);
 }
 
 /* Bytes waiting on the socket (up to a header's worth). */

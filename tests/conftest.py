@@ -11,6 +11,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "peer.py")
 
 
+def free_port():
+    """A loopback TCP port nobody listens on now (for servers that take a port number)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def wait_for(pred, timeout=10.0, interval=0.01):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

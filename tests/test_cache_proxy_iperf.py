@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import free_port
+
 RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEMCACHED, HAPROXY, IPERF3 = (shutil.which(p) or p for p in ("memcached", "haproxy", "iperf3"))
@@ -43,14 +45,6 @@ print("errors", len(errors), errors[:2])
 def _need(path):
     if not os.path.exists(path):
         pytest.skip("%s is not installed (scripts/setup.sh installs it)" % os.path.basename(path))
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def _wait_port(port, proc, what):
@@ -100,14 +94,14 @@ def test_memcached_threaded_clients(tmp_path, proxy):
         _need(HAPROXY)
     log = str(tmp_path / "rs.log")
     env = dict(os.environ, RDMASOCK_LOG_FILE=log)
-    mport = _free_port()
+    mport = free_port()
     procs = [subprocess.Popen(RUN + [MEMCACHED, "-u", "root", "-l", "127.0.0.1", "-p", str(mport), "-U", "0",
                                      "-t", "4", "-c", "256"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
     try:
         _wait_port(mport, procs[0], "memcached")
         port = mport
         if proxy != "direct":
-            port = _free_port()
+            port = free_port()
             splice = "    option splice-request\n    option splice-response\n" if proxy == "haproxy-splice" else ""
             cfg = tmp_path / "haproxy.cfg"
             cfg.write_text("global\n    maxconn 256\ndefaults\n    mode tcp\n%s    timeout connect 5s\n"
@@ -139,7 +133,7 @@ def test_iperf3_streams(tmp_path, mode):
     _need(IPERF3)
     log = str(tmp_path / "rs.log")
     env = dict(os.environ, RDMASOCK_LOG_FILE=log)
-    port = _free_port()
+    port = free_port()
     srv = subprocess.Popen(RUN + [IPERF3, "-s", "-1", "-p", str(port)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
     try:

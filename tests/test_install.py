@@ -17,6 +17,8 @@ import zipfile
 
 import pytest
 
+from conftest import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYS_PY = "/usr/bin/python3"
 CURL = "/usr/bin/curl"
@@ -56,12 +58,6 @@ def _venv(area, name, wheel, system_site=False, deps=True):
     return path
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _as(user):
     return ["setpriv", "--reuid=%s" % user, "--regid=%s" % user, "--init-groups", "--"] if user else []
 
@@ -78,7 +74,7 @@ def _curl_through(venv, area, user=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RDMASOCK_")}
     env["RDMASOCK_LOG_FILE"] = log
     rs = os.path.join(venv, "bin", "rdmasock")
-    port = _free_port()
+    port = free_port()
     srv = subprocess.Popen(_as(user) + [rs, "run", "--", SYS_PY, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                                         "--directory", area],
                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -176,7 +172,7 @@ def test_broken_install_is_silent(area, wheel):
     lib = os.path.join(venv, "lib", "python3.11", "site-packages", "rdmasock", "librdmasock.so")
     assert os.path.exists(lib)
     log = os.path.join(area, "broken.log")
-    port = _free_port()
+    port = free_port()
     srv = subprocess.Popen([SYS_PY, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", area],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

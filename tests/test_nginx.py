@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from conftest import free_port
+
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 CURL = "/usr/bin/curl"
 RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
@@ -25,14 +27,6 @@ SIZES = {"1k.bin": 1 << 10, "1m.bin": 1 << 20, "50m.bin": 50 << 20, "1g.bin": 1 
 
 pytestmark = pytest.mark.skipif(not os.path.exists(NGINX),
                                 reason="nginx is not installed (scripts/setup.sh installs nginx-light)")
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +88,7 @@ def _sha256(path):
 
 
 def _start_nginx(tmp_path, root, env, sendfile="on", nopush="off", nodelay="on", method="epoll"):
-    port = _free_port()
+    port = free_port()
     conf = _conf(tmp_path, root, port, sendfile, nopush, nodelay, method)
     srv = subprocess.Popen(RUN + [NGINX, "-c", conf, "-e", str(tmp_path / "error.log")], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,15 +32,6 @@ def cbin(tmp_path_factory):
         subprocess.run(["gcc", "-O2", *extra, "-o", path, src], check=True, timeout=120)
         out[name] = path
     return out
-
-
-def _free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def _env(log):
@@ -78,7 +69,7 @@ def test_never_starts_python_without_inet_streams(prog):
 
 def test_foreign_python_host_stays_plain_with_reason(cbin, tmp_path):
     log = str(tmp_path / "log")
-    port = _free_port()
+    port = free_port()
     srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(log))
     try:
         r = subprocess.run(RUN + [cbin["foreign"], str(port)], env=_env(log), capture_output=True, timeout=30)
@@ -94,7 +85,7 @@ def test_foreign_python_host_stays_plain_with_reason(cbin, tmp_path):
 
 def test_stat_lists_live_connections(cbin, tmp_path):
     log = str(tmp_path / "log")
-    port = _free_port()
+    port = free_port()
     srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(log))
     cli = subprocess.Popen(RUN + [cbin["pingpong"], "client", str(port), "4"], stdout=subprocess.PIPE, env=_env(log))
     try:
@@ -124,7 +115,7 @@ def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):
     """A server that cannot size a memfd (RLIMIT_FSIZE 0; SIGXFSZ ignored) declines with
     shm_unavailable: the connection works as TCP and the client logs the reason."""
     log = str(tmp_path / "log")
-    port = _free_port()
+    port = free_port()
 
     def limits():
         import resource
@@ -144,7 +135,6 @@ def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):
         _stop(srv)
 
 
-
 SYS_PY = "/usr/bin/python3"
 ONE_CONNECTION = [SYS_PY, "-c", "import socket; s = socket.create_server(('127.0.0.1', 0)); "
                   "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b'x'); "
@@ -162,7 +152,7 @@ def test_log_file_is_private_and_never_followed(cbin, tmp_path, writer):
         env = dict(os.environ, RDMASOCK_LOG_FILE=str(log_path))
         if writer == "engine":
             return subprocess.run(RUN + ONE_CONNECTION, env=env, capture_output=True, timeout=60)
-        port = _free_port()
+        port = free_port()
         srv = _start_server(RUN + [cbin["pingpong"], "server", str(port)], _env(str(tmp_path / "srv.log")))
         try:
             return subprocess.run(RUN + [cbin["foreign"], str(port)], env=env, capture_output=True, timeout=60)
@@ -204,7 +194,6 @@ def test_threads_connecting_while_the_engine_loads_all_upgrade(tmp_path):
     for role in ("client", "server"):
         mine = [l for l in lines if "role=%s " % role in l]
         assert len(mine) == 30 and all("transport=shm" in l for l in mine), mine
-
 
 
 def test_server_poll_says_writable_only_with_room_while_the_client_is_quiet(tmp_path):

@@ -13,19 +13,13 @@ import time
 
 import pytest
 
+from conftest import free_port
+
 SOCKPERF = shutil.which("sockperf") or "/usr/bin/sockperf"
 RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SOCKPERF),
                                 reason="sockperf is not installed (scripts/setup.sh installs it)")
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 @pytest.mark.parametrize("mode,args,figure", [
@@ -35,7 +29,7 @@ def _free_port():
     ("under-load", ["-m", "64", "--mps", "100000"], r"Summary: Latency is ([0-9.]+) usec"),
 ], ids=["ping-pong-64", "ping-pong-1000", "throughput-1000", "under-load-64"])
 def test_sockperf_tcp(tmp_path, mode, args, figure):
-    port = _free_port()
+    port = free_port()
     log = str(tmp_path / "rs.log")
     env = dict(os.environ, RDMASOCK_LOG_FILE=log)
     srv = subprocess.Popen(RUN + [SOCKPERF, "server", "--tcp", "-i", "127.0.0.1", "-p", str(port)], env=env,
