@@ -286,7 +286,8 @@ int rs_peer_shares_cpu(rs_conn *c)
     return peer && peer == (unsigned)sched_getcpu() + 1u;
 }
 
-static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek)
+/* 1 found, 0 not, -EINTR: a signal during the spin ended the call (rs_spin_pause). */
+static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek, int progress)
 {
     if (!c->spin_ns || rs_peer_shares_cpu(c)) return 0;
     struct rs_dir_ctl *k = c->rx.ctl;
@@ -303,7 +304,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
     uint32_t budget = __atomic_load_n(&c->rx.spin_cur, __ATOMIC_RELAXED);
     uint64_t now0 = rs_now_ns(), end = now0 + budget;
     end = rs_earlier(end, deadline_ns);
-    uint64_t yield_after = now0 + RS_PURE_SPIN_NS;
+    struct rs_sigwait sw = { 0 };
     int found = 0;
     for (unsigned i = 0;; i++) {
         if (rx_activity(c)) { found = 1; break; }
@@ -311,16 +312,18 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
             uint64_t now = rs_now_ns();
             if (now >= end) break;
             /* The peer may share our CPU: after a short pure spin, hand it the CPU. */
-            if (now >= yield_after) sched_yield();
+            if (rs_spin_pause(now - now0, &sw)) break;
         }
         rs_relax();
     }
     if (publish) __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
+    int sig = found ? (rs_sigwait_end(&sw), 1)
+                    : rs_spin_done(&sw, deadline_ns == RS_NEVER && !progress ? RS_SIG_RESTART : RS_SIG_EINTR);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */
     if (found) budget = budget * 2 > c->spin_ns ? c->spin_ns : budget * 2;
     else if (budget > c->spin_ns / 64 + 500) budget /= 2;
     __atomic_store_n(&c->rx.spin_cur, budget, __ATOMIC_RELAXED);
-    return found;
+    return sig < 0 ? sig : found;
 }
 
 /* Without waiting: steps over a MOVED record at the front of the ring and over the
@@ -439,7 +442,8 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         if (!nonblock && fruitless <= 2 && !rs_passed(deadline)) {
             rs_unlock(&c->rx.lock);
-            int found = spin_for_data(c, len - got, deadline, peek);
+            int found = spin_for_data(c, len - got, deadline, peek, got > 0);
+            if (found < 0) return got ? (ssize_t)got : found;
             rs_lock(&c->rx.lock);
             if (found) continue;
         }

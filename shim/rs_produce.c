@@ -133,7 +133,12 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         if (c->tx.fin_sent) return -EPIPE;         /* shutdown(SHUT_WR) in another thread */
         uint64_t now = rs_now_ns();
         if (rs_passed(deadline)) return -EAGAIN;
-        if (now < spin_end) { rs_spin_pause(now - spin_start); continue; }
+        if (now < spin_end && !rs_spin_pause(now - spin_start, sw)) continue;
+        spin_end = 0;
+        if (sw->active && !(deadline == RS_NEVER && !progress)) {
+            int s = rs_spin_done(sw, RS_SIG_EINTR);      /* the naps below take signals themselves */
+            if (s < 0) return s;
+        }
         rs_tx_arm_credit_locked(c);
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
@@ -142,7 +147,7 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
          * the socket's data (its readiness belongs to the receiver): short, growing naps,
          * without the lock (another sender, poll or close may go on meanwhile). */
         rs_unlock(&c->tx.lock);
-        int w = deadline == RS_NEVER && !progress ? rs_sigwait_nap(sw, (uint64_t)backoff_us * 1000u)
+        int w = deadline == RS_NEVER && !progress ? rs_sigwait_nap(sw, (uint64_t)backoff_us * 1000u, RS_SIG_RESTART)
                                                   : rs_nap((uint64_t)backoff_us * 1000u, deadline, progress);
         rs_lock(&c->tx.lock);
         if (w < 0) return w;

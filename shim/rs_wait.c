@@ -22,10 +22,32 @@ void rs_relax(void)
 #endif
 }
 
-void rs_spin_pause(uint64_t spun_ns)
+static void hold_signals(struct rs_sigwait *w)
 {
-    if (spun_ns > RS_PURE_SPIN_NS) sched_yield();
-    else rs_relax();
+    if (w->active) return;
+    sigset_t all;
+    sigfillset(&all);
+    if (pthread_sigmask(SIG_BLOCK, &all, &w->saved) == 0) w->active = 1;
+}
+
+int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
+{
+    if (spun_ns <= RS_PURE_SPIN_NS) { rs_relax(); return 0; }
+    if (w) hold_signals(w);
+    sched_yield();
+    if (!w || !w->active) return 0;
+    sigset_t pending;
+    if (sigpending(&pending) != 0) return 0;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&pending, sig) == 1 && sigismember(&w->saved, sig) != 1) return 1;
+    return 0;
+}
+
+int rs_spin_done(struct rs_sigwait *w, int rule)
+{
+    int r = w->active ? rs_sigwait_nap(w, 0, rule) : 1;
+    rs_sigwait_end(w);
+    return r;
 }
 
 /* Which signal interrupted a poll is not known here; the kernel restarts a call after a
@@ -101,14 +123,12 @@ static int default_ignored(int sig)
     return sig == SIGCHLD || sig == SIGURG || sig == SIGWINCH || sig == SIGCONT;
 }
 
-int rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns)
+int rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns, int rule)
 {
     sigset_t all;
     sigfillset(&all);
-    if (!w->active) {
-        if (pthread_sigmask(SIG_BLOCK, &all, &w->saved) != 0) return rs_nap(ns, RS_NEVER, 0);
-        w->active = 1;
-    }
+    hold_signals(w);
+    if (!w->active) return ns ? rs_nap(ns, RS_NEVER, rule != RS_SIG_RESTART) : 1;
     sigset_t want;                     /* what the program lets through */
     sigfillset(&want);
     for (int sig = 1; sig < NSIG; sig++)
@@ -121,7 +141,7 @@ int rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns)
     int restart = 1;
     if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_IGN &&
         !(sa.sa_handler == SIG_DFL && default_ignored(sig)))
-        restart = (sa.sa_flags & SA_RESTART) != 0 && sa.sa_handler != SIG_DFL;
+        restart = rule == RS_SIG_RESTART && (sa.sa_flags & SA_RESTART) != 0 && sa.sa_handler != SIG_DFL;
     /* The signal goes back to this thread, with its information where the kernel allows
      * it, and its action runs now, as it would have run inside the kernel's wait. */
     pid_t tid = (pid_t)syscall(SYS_gettid), pid = getpid();

@@ -38,10 +38,6 @@ static inline int rs_ms_until(uint64_t deadline)
 static inline uint64_t rs_earlier(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 void rs_relax(void);
-/* A spinning wait, `spun_ns` into it: pure spinning for RS_PURE_SPIN_NS, then every round
- * yields the CPU, since the peer we wait for may share it (2-core machines). */
-#define RS_PURE_SPIN_NS 2000u
-void rs_spin_pause(uint64_t spun_ns);
 
 /* After a sleep with no deadline that a signal interrupted: would the kernel have
  * restarted the call?  (It does if the handler has SA_RESTART.) */
@@ -62,6 +58,25 @@ int rs_nap(uint64_t ns, uint64_t deadline, int progress);
  * until a nap takes it (sigtimedwait), hands it back and lets its action run, and the
  * wait then restarts (SA_RESTART, or an action that ignores it) or ends with EINTR. */
 struct rs_sigwait { int active; sigset_t saved; };
-int  rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns);   /* 1 slept or restarted, -EINTR */
-void rs_sigwait_end(struct rs_sigwait *w);                /* the program's mask again */
+/* How a signal ends a wait (signal(7)): RS_SIG_RESTART for an untimed socket call that has
+ * moved nothing yet (restarted after a handler with SA_RESTART, EINTR after any other);
+ * RS_SIG_EINTR for the rest (a call with SO_RCVTIMEO/SO_SNDTIMEO or a deadline, one that
+ * already moved bytes, poll/select/epoll): any handled signal ends it. */
+enum { RS_SIG_EINTR, RS_SIG_RESTART };
+int  rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns, int rule);   /* 1 slept or restarted, -EINTR */
+void rs_sigwait_end(struct rs_sigwait *w);                          /* the program's mask again */
+
+/* A spinning wait, `spun_ns` into it: pure spinning for RS_PURE_SPIN_NS, then every round
+ * yields the CPU, since the peer we wait for may share it (2-core machines).  From then on
+ * the spin also holds the program's signals in `w` (the call pays system calls anyway), so
+ * that one arriving during the spin ends or restarts the call by the kernel's rules when
+ * the spin stops (rs_spin_done), instead of running its handler unnoticed.  Returns 1 when
+ * such a signal is pending: the spin should stop.  A signal in the first RS_PURE_SPIN_NS is
+ * handled at once and the call goes on, exactly as for one that arrives just before the
+ * call. */
+#define RS_PURE_SPIN_NS 2000u
+int  rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w);
+/* The spin found nothing: a signal held during it now runs its action; 1 to go on waiting,
+ * -EINTR if the kernel's call would have ended.  The program's mask is back either way. */
+int  rs_spin_done(struct rs_sigwait *w, int rule);
 #endif

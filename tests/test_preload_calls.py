@@ -126,6 +126,7 @@ CHECKS = {
         tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear
         so_error_refused so_error_cleared
         sendmmsg pwritev2_socket sendmsg_ancillary send_for_timestamp send_for_splice splice_into_socket read_after_splice banner_then_eof
+        poll_signal_eintr select_signal_eintr epoll_signal_eintr
     """.split(),
 }
 ROLE_OF = {name: role for role, names in CHECKS.items() for name in names}
@@ -416,6 +417,24 @@ def test_pollwriter_without_spin(workdir):
     if not waits or int(waits.group(2)) < 100:
         problems.append("the writer waited on a full ring %s times, want at least 100" % (waits and waits.group(2)))
     assert not problems, "\n".join(problems) + "\n" + r.dump()
+
+
+def test_signals_arriving_while_calls_spin(workdir):
+    """A signal that arrives while a call busy-polls the ring ends it as it would end the
+    kernel's wait: EINTR from recv/send without SA_RESTART or with a socket timeout, a
+    restart with SA_RESTART, EINTR from poll/select/epoll_wait whatever the handler
+    (signal(7)).  A 3 s busy-poll budget puts each signal (100 ms into the call) inside
+    the spin, with the two programs on different CPUs so that the spin happens at all."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs: a peer on the same CPU is never spun for")
+    names = ["signals", "sendsig", "pollsig"]
+    r = _run("both", workdir, only=names, RDMASOCK_SPIN_US="3000000")
+    wanted = [n for n in ROLE_OF if re.match(r"(sa_restart|no_restart|recv_after_(timeo_)?eintr|rcvtimeo_eagain|sendsig|"
+                                            r"poll_signal|select_signal|epoll_signal)", n)]
+    problems = [why for n in wanted for ok, why in [r.status(n)] if not ok]
+    if "transport=shm" not in r.log:
+        problems.append("the connections did not run on shm")
+    assert len(wanted) >= 12 and not problems, "\n".join(problems) + "\n" + r.dump()
 
 
 def _bug_params():

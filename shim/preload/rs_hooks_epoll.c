@@ -324,20 +324,22 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
     uint64_t deadline = rs_deadline(timeout_ms);
     uint64_t budget = apart ? rs_spin_budget() : 0;   /* spin only for a peer on another CPU */
     uint64_t spin_end = rs_earlier(start + budget, deadline);
+    struct rs_sigwait sw = { 0 };
     for (unsigned it = 0;; it++) {
         int k = 0;
         if ((it & 15) == 0) {
             k = rs_real.epoll_wait(epfd, ev, max, 0);
-            if (k < 0) return k;
+            if (k < 0) { rs_sigwait_end(&sw); return k; }
         }
         pthread_mutex_lock(&s->lock);
         if (k > 0) k = ep_filter_out(epfd, s, ev, k);
         int n = ep_from_rings(epfd, s, ev, k, max);
         pthread_mutex_unlock(&s->lock);
-        if (n) { if (timeout_ms && apart) rs_spin_result(1); return n; }
+        if (n) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(1); return n; }
         if (rs_now_ns() >= spin_end) break;
-        rs_spin_pause(rs_now_ns() - start);
+        if (rs_spin_pause(rs_now_ns() - start, &sw)) break;
     }
+    if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; return -1; }   /* epoll_wait is never restarted */
     if (timeout_ms && apart) rs_spin_result(0);
     unsigned nap_us = 20;
     for (;;) {

@@ -59,17 +59,19 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         /* answer from the ring first; spin while the peer is likely to answer soon */
         uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_budget() : 0);
         spin_end = rs_earlier(spin_end, deadline);
+        struct rs_sigwait sw = { 0 };
         for (unsigned it = 0;; it++) {
             int any = 0;
             for (nfds_t i = 0; i < n && !any; i++)
                 if (socks[i] && rs_ring_revents(socks[i]->conn, want[i])) any = 1;
             if (any || (it & 15) == 15) {
                 r = collect(fds, n, socks, want);
-                if (r != 0) { if (timeout_ms && apart) rs_spin_result(1); goto out; }
+                if (r != 0) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(1); goto out; }
             }
             if (rs_now_ns() >= spin_end) break;
-            rs_spin_pause(rs_now_ns() - t0);
+            if (rs_spin_pause(rs_now_ns() - t0, &sw)) break;
         }
+        if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; r = -1; goto out; }   /* poll is never restarted */
         if (timeout_ms && apart) rs_spin_result(0);
         if (timeout_ms == 0 || rs_passed(deadline)) { r = collect(fds, n, socks, want); goto out; }
         int armed_ready = 0;
@@ -91,10 +93,12 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         if (r || rs_passed(deadline)) goto out;
         /* only a stale doorbell or a credit that is not enough yet: sleep again */
     }
-out:
+out:;
+    int e = errno;                      /* a last reference's close must not change it */
     for (nfds_t i = 0; i < n; i++)
         if (socks[i]) { fds[i].events = want[i]; rs_sock_put(socks[i]); }
     if (socks != sbuf) { free(socks); free(want); }
+    errno = e;
     return r;
 }
 

@@ -27,6 +27,7 @@
 #include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -2019,6 +2020,18 @@ static void chk_client(void)
 static volatile sig_atomic_t g_usr1;
 static void on_usr1(int sig) { (void)sig; g_usr1++; }
 
+/* Client and server of the signal tests run on different CPUs where there are two, so
+ * their waits spin first (a peer on the same CPU is never spun for): with a long busy-poll
+ * budget (tests/test_preload_calls.py sets one) the signal arrives inside the spin. */
+static void pin_to_cpu(int cpu)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2) return;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
 struct kicker { pthread_t target; int after_ms; };
 static void *kick(void *arg)
 {
@@ -2058,6 +2071,7 @@ static void set_timeo(int fd, int opt, int ms)
 /* The server sends one byte ('a' + i) 4 * DELAY_MS after each "go<i>". */
 static void signals_server(void)
 {
+    pin_to_cpu(0);
     int fd = server_accept_warm();
     if (fd < 0) return;
     static const char *go[3] = { "go1", "go2", "go3" };
@@ -2073,6 +2087,7 @@ static void signals_server(void)
 
 static void signals_client(void)
 {
+    pin_to_cpu(1);
     int fd = client_connect_warm();
     if (fd < 0) return;
     char c = 0;
@@ -2111,12 +2126,80 @@ static void signals_client(void)
     close(fd);
 }
 
+/* poll, select and epoll_wait are never restarted after a handler, SA_RESTART or not
+ * (signal(7)).  Nothing comes while they wait; SIGUSR1 (SA_RESTART) arrives after
+ * DELAY_MS. */
+static void pollsig_server(void)
+{
+    pin_to_cpu(0);
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static int wait_signalled(int fd, int how, int *e, long long *dt)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    g_usr1 = 0;
+    struct kicker k = { pthread_self(), DELAY_MS };
+    pthread_t t;
+    if (pthread_create(&t, NULL, kick, &k)) die("pthread_create");
+    long long t0 = now_ms();
+    int r;
+    if (how == 0) {
+        struct pollfd p = { fd, POLLIN, 0 };
+        r = poll(&p, 1, 5000);
+    } else if (how == 1) {
+        fd_set rd;
+        FD_ZERO(&rd);
+        FD_SET(fd, &rd);
+        struct timeval tv = { 5, 0 };
+        r = select(fd + 1, &rd, NULL, NULL, &tv);
+    } else {
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+        epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+        r = epoll_wait(ep, &ev, 1, 5000);
+        *e = errno;
+        close(ep);
+        errno = *e;
+    }
+    *e = errno;
+    *dt = now_ms() - t0;
+    pthread_join(t, NULL);
+    return r;
+}
+
+static void pollsig_client(void)
+{
+    pin_to_cpu(1);
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    static const char *names[3] = { "poll_signal_eintr", "select_signal_eintr", "epoll_signal_eintr" };
+    for (int how = 0; how < 3; how++) {
+        int e;
+        long long dt;
+        int r = wait_signalled(fd, how, &e, &dt);
+        CHECK(names[how], r < 0 && e == EINTR && g_usr1 == 1 && dt < 4 * DELAY_MS,
+              "returned %d errno=%d (%s) after %lld ms, handler ran %d time(s)", r, e, strerror(e), dt, (int)g_usr1);
+    }
+    signal(SIGUSR1, SIG_DFL);
+    ctl_send("done", 0);
+    close(fd);
+}
+
 /* A blocking send that finds the connection already full and sends nothing before a
  * signal: restarted if the handler that ran has SA_RESTART (even while another caught
  * signal's handler lacks it), EINTR if it does not.  The server drains each round
  * 4 * DELAY_MS after "full<i>". */
 static void sendsig_server(void)
 {
+    pin_to_cpu(0);
     int fd = server_accept_warm();
     if (fd < 0) return;
     static const char *full[2] = { "full1", "full2" };
@@ -2149,6 +2232,7 @@ static void on_usr2(int sig) { (void)sig; }
 
 static void sendsig_client(void)
 {
+    pin_to_cpu(1);
     int fd = client_connect_warm();
     if (fd < 0) return;
     struct sigaction sa;
@@ -2754,6 +2838,7 @@ static const struct test tests[] = {
     { "exec", exec_server, exec_client },
     { "signals", signals_server, signals_client },
     { "sendsig", sendsig_server, sendsig_client },
+    { "pollsig", pollsig_server, pollsig_client },
     { "timeo_fresh", timeo_fresh_server, timeo_fresh_client },
     { "reset", reset_server, reset_client },
     { "urgent", urgent_server, urgent_client },
