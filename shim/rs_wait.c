@@ -7,6 +7,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/signalfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 #include "rs_lock.h"
@@ -71,11 +72,39 @@ static int interrupted(uint64_t deadline)
     return 1;
 }
 
+/* An untimed sleep: with the program's signals held, a signalfd of the ones it lets
+ * through sleeps beside fd, so the signal that ends the sleep is known and its action
+ * decides, by the kernel's rule for that very signal (rs_sigwait_nap).  0 if it cannot be
+ * set up (the caller then takes the approximation). */
+static int sleep_fd_exact(int fd, short events, int ms)
+{
+    struct rs_sigwait w = { 0 };
+    hold_signals(&w);
+    if (!w.active) return 0;
+    sigset_t want;
+    sigfillset(&want);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&w.saved, sig) == 1) sigdelset(&want, sig);
+    int sfd = (int)syscall(SYS_signalfd4, -1, &want, (size_t)(_NSIG / 8), SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) { rs_sigwait_end(&w); return 0; }
+    struct pollfd p[2] = { { .fd = fd, .events = events }, { .fd = sfd, .events = POLLIN } };
+    int r = rs_sys_poll(p, 2, ms);
+    syscall(SYS_close, sfd);
+    int out = r < 0 ? r : 1;
+    if (r > 0 && p[1].revents) out = rs_sigwait_nap(&w, 0, RS_SIG_RESTART);
+    rs_sigwait_end(&w);
+    return out;
+}
+
 int rs_sleep_fd(int fd, short events, uint64_t deadline)
 {
     if (rs_passed(deadline)) return 0;
     int ms = rs_ms_until(deadline);
     if (ms < 0 || ms > 1000) ms = 1000;           /* look again now and then, whatever happens */
+    if (deadline == RS_NEVER) {
+        int r = sleep_fd_exact(fd, events, ms);
+        if (r) return r;
+    }
     struct pollfd p = { .fd = fd, .events = events };
     int r = rs_sys_poll(&p, 1, ms);
     if (r == -EINTR) return interrupted(deadline);

@@ -2337,6 +2337,77 @@ static void t_pre_send_signal(void)
     pair_close(&p);
 }
 
+/* An untimed sleep on a socket (the preamble, a connection on TCP) ends on a signal by
+ * that signal's own handler, as the kernel's recv would: restarted after SA_RESTART even
+ * while another caught signal lacks it, EINTR without it even while another has it, and
+ * not at all for a signal whose default action ignores it.  The program's mask is back
+ * afterwards. */
+static volatile sig_atomic_t g_sig_seen;
+static void on_sig_count(int sig) { (void)sig; g_sig_seen++; }
+
+struct sig_after { pthread_t target; int sig; };
+static void *sig_after_run(void *arg)
+{
+    struct sig_after *a = arg;
+    sleep_ms(50);
+    pthread_kill(a->target, a->sig);
+    return NULL;
+}
+
+static int sleep_with_signal(int fd, int sig, double *ms)
+{
+    struct sig_after a = { pthread_self(), sig };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, sig_after_run, &a) == 0, "pthread_create");
+    double t0 = now_ms();
+    int r = rs_sleep_fd(fd, POLLIN, RS_NEVER);
+    *ms = now_ms() - t0;
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    return r;
+}
+
+static void t_sleep_signal_rules(void)
+{
+    struct sigaction restart, plain, old1, old2;
+    memset(&restart, 0, sizeof restart);
+    restart.sa_handler = on_sig_count;
+    restart.sa_flags = SA_RESTART;
+    sigemptyset(&restart.sa_mask);
+    plain = restart;
+    plain.sa_flags = 0;
+    sigset_t before, after;
+    pthread_sigmask(SIG_SETMASK, NULL, &before);
+    struct pair p;
+    memset(&p, 0, sizeof p);
+    pair_sockets(&p);
+    double ms;
+
+    CHECK(sigaction(SIGUSR1, &restart, &old1) == 0 && sigaction(SIGUSR2, &plain, &old2) == 0, "sigaction");
+    g_sig_seen = 0;
+    int r = sleep_with_signal(p.fd[0], SIGUSR1, &ms);
+    CHECK(r == 1 && g_sig_seen == 1, "SA_RESTART handler (another caught signal without it): rs_sleep_fd "
+          "returned %d after %.0f ms, handler ran %d time(s); want 1 (restart)", r, ms, (int)g_sig_seen);
+
+    sigaction(SIGUSR1, &plain, NULL);
+    sigaction(SIGUSR2, &restart, NULL);
+    g_sig_seen = 0;
+    r = sleep_with_signal(p.fd[0], SIGUSR1, &ms);
+    CHECK(r == -EINTR && g_sig_seen == 1 && ms < 900, "handler without SA_RESTART (another with it): rs_sleep_fd "
+          "returned %d after %.0f ms, handler ran %d time(s); want -EINTR at once", r, ms, (int)g_sig_seen);
+
+    r = sleep_with_signal(p.fd[0], SIGWINCH, &ms);            /* default action: ignore */
+    CHECK(r == 1, "a default-ignored signal: rs_sleep_fd returned %d after %.0f ms; want 1", r, ms);
+
+    pthread_sigmask(SIG_SETMASK, NULL, &after);
+    int same = 1;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&before, sig) != sigismember(&after, sig)) same = 0;
+    CHECK(same, "the signal mask changed across rs_sleep_fd");
+    sigaction(SIGUSR1, &old1, NULL);
+    sigaction(SIGUSR2, &old2, NULL);
+    pair_close(&p);
+}
+
 /* ---- main -------------------------------------------------------------------------- */
 
 /* The ring memory budget: mapping takes from it, freeing gives back, and a mapping that
@@ -2407,6 +2478,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_switch_full_nonblocking", t_pre_switch_full_nonblocking },
     { "pre_bell_behind_full_preamble", t_pre_bell_behind_full_preamble },
     { "pre_send_signal", t_pre_send_signal },
+    { "sleep_signal_rules", t_sleep_signal_rules },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
 
