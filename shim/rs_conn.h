@@ -64,6 +64,7 @@ struct rs_rx {
     uint8_t  lazy_tidy;       /* preload: its hooks answer readiness from the ring, so doorbells of
                                * consumed records may stay pending (no tidy system calls), and a
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
+    uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
@@ -200,6 +201,7 @@ void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);
 int      rs_peer_gone(rs_conn *c);
 void     rs_quiesce_bells(rs_conn *c);
+void     rs_rx_bell_every(rs_conn *c, int on);
 int      rs_tx_arm_credit(rs_conn *c);
 int      rs_tx_arm_credit_locked(rs_conn *c);
 

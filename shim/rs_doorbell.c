@@ -39,6 +39,12 @@ void rs_tx_flush_bell(rs_conn *c)
     if (c->rdma) { rs_rdma_flush_bell(c); return; }
     struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
+    if (__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED) == RS_WANT_EVERY) {
+        /* The consumer's program learns of each arrival from a SIGIO, as over TCP. */
+        __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+        send_bell(c, RS_BELL_DATA, &k->data_bells);
+        return;
+    }
     if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
         c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
         return;                                         /* a spinning recv will absorb it */
@@ -204,7 +210,7 @@ static int go_idle(rs_conn *c, int check)
     if (c->rx.pre || !c->rx.ring) return 0;     /* preamble bytes on the socket are data */
     if (c->rx.fb) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
     if (check) rs_rx_publish_credit(c, 1);      /* really idle: hand back all credit */
-    __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
      * is guaranteed to see, so draining it cannot strand that record without a bell. */
     uint64_t sent = __atomic_load_n(&k->data_bells, __ATOMIC_SEQ_CST) +
@@ -213,6 +219,26 @@ static int go_idle(rs_conn *c, int check)
     if (sent > c->rx.bells_drained) drain_bells(c, sent - c->rx.bells_drained);
     if (check && sent <= c->rx.bells_drained && !RS_GET(c->tcp_eof)) check_uncounted(c);
     return 0;
+}
+
+/* O_ASYNC set (on) or cleared on the socket.  The kernel raises SIGIO for every arrival
+ * of data, not only for the first after a read, so the producer is asked for a doorbell
+ * after every publication, whatever else it knows of us.  Extra doorbells are harmless:
+ * they are counted and drained like any other. */
+void rs_rx_bell_every(rs_conn *c, int on)
+{
+    if (c->rdma) { rs_rdma_bell_every(c, on); return; }
+    rs_lock(&c->rx.lock);
+    c->rx.bell_every = (uint8_t)(on != 0);
+    if (c->rx.ctl && !c->rx.fb) {
+        if (on) __atomic_store_n(&c->rx.ctl->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
+        else {
+            uint32_t every = RS_WANT_EVERY;
+            __atomic_compare_exchange_n(&c->rx.ctl->want_bell, &every, RS_WANT_NEXT, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+        }
+    }
+    rs_unlock(&c->rx.lock);
 }
 
 /* Before the application's close: the peer is told that no doorbell is wanted any more,

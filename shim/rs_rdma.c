@@ -70,6 +70,7 @@ void rs_rdma_refresh_credit(rs_conn *c) { (void)c; }
 int  rs_rdma_arm_credit(rs_conn *c) { (void)c; return 1; }
 void rs_rdma_publish_credit(rs_conn *c, int force) { (void)c; (void)force; }
 int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
+void rs_rdma_bell_every(rs_conn *c, int on) { (void)c; (void)on; }
 void rs_rdma_drain(rs_conn *c) { (void)c; }
 void rs_rdma_drain_locked(rs_conn *c) { (void)c; }
 void rs_rdma_free(rs_conn *c) { (void)c; }
@@ -425,7 +426,7 @@ void rs_rdma_flush_bell(rs_conn *c)
     rs_rdma_post_records(c);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* tx_seq store before the want_seq load */
     uint64_t w = __atomic_load_n(&r->mirror->want_seq, __ATOMIC_ACQUIRE);
-    if (w == r->want_answered || r->failed) return;
+    if ((w == r->want_answered && !(w & RS_WANT_SEQ_EVERY)) || r->failed) return;
     answer(c, RS_BELL_DATA, &r->want_answered, w);
 }
 
@@ -523,6 +524,18 @@ void rs_rdma_check_peer(rs_conn *c)
         if (buf[k] == RS_BELL_RESYNC) { peer_failed(c); return; }
         if (buf[k] != RS_BELL_DATA && buf[k] != RS_BELL_CREDIT) return;
     }
+}
+
+/* rs_rx_bell_every: the bit rides in want_seq, pushed now so the producer sees it. */
+void rs_rdma_bell_every(rs_conn *c, int on)
+{
+    struct rs_rdma *r = c->rdma;
+    rs_lock(&c->rx.lock);
+    c->rx.bell_every = (uint8_t)(on != 0);
+    if (on) __atomic_fetch_or(&r->own->want_seq, RS_WANT_SEQ_EVERY, __ATOMIC_SEQ_CST);
+    else __atomic_fetch_and(&r->own->want_seq, ~RS_WANT_SEQ_EVERY, __ATOMIC_SEQ_CST);
+    if (!RS_GET(c->fb) && !RS_GET(c->err) && !RS_GET(c->tcp_eof)) sync_peer(c);
+    rs_unlock(&c->rx.lock);
 }
 
 /* Consumer found its ring empty: 1 if a record is there after all, 0 if idle (armed). */

@@ -61,6 +61,7 @@ void     rs_rdma_refresh_credit(struct rs_conn *c);
 int      rs_rdma_arm_credit(struct rs_conn *c);
 void     rs_rdma_publish_credit(struct rs_conn *c, int force);
 int      rs_rdma_go_idle(struct rs_conn *c);
+void     rs_rdma_bell_every(struct rs_conn *c, int on);
 void     rs_rdma_drain(struct rs_conn *c);          /* takes rx_lock */
 void     rs_rdma_drain_locked(struct rs_conn *c);   /* caller holds rx_lock */
 int      rs_rdma_quiesce(struct rs_conn *c, int timeout_ms);

@@ -254,6 +254,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     s->conn = c;
     int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
     c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
+    if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
     s->forked = 0;                              /* made in this process: nobody else has the ring */
 }
 
@@ -568,7 +569,9 @@ void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
 void rs_sock_flags_seen(struct rs_sock *s, int fl)
 {
     s->nonblock = (fl & O_NONBLOCK) != 0;
-    if (s->conn) s->conn->rx.lazy_tidy = !s->ep_unknown && !(fl & O_ASYNC);
+    if (!s->conn) return;
+    s->conn->rx.lazy_tidy = !s->ep_unknown && !(fl & O_ASYNC);
+    if (!(fl & O_ASYNC) != !s->conn->rx.bell_every) rs_rx_bell_every(s->conn, fl & O_ASYNC);
 }
 
 /* The application set an option on the kernel socket (already done): what we mirror. */

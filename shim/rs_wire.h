@@ -34,6 +34,12 @@
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */
 #define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
 #define RS_BELL_RESYNC     0xE5u                /* first byte of a RESYNC frame: the rest of the stream is TCP */
+/* rs_dir_ctl.want_bell: a doorbell for the next record (1), for every publication (2: the
+ * consumer's program takes SIGIO, which the kernel raises for each arrival) */
+#define RS_WANT_NEXT       1u
+#define RS_WANT_EVERY      2u
+/* rdma: the bit of want_seq that asks for a doorbell after every publication */
+#define RS_WANT_SEQ_EVERY  (1ull << 63)
 #define RS_RESYNC_LEN      16u                  /* u8 0xE5, u8 version 1, u16 0, u32 check, u64 resume offset */
 #define RS_RESYNC_VERSION  1u
 #define RS_RESYNC_TAG      0xE5E5E5E5u          /* lenword given to rs_footer for the frame's check */
@@ -67,7 +73,7 @@ struct rs_dir_ctl {
     uint64_t head;          /* ring bytes consumed and re-zeroed: the producer's credit */
     uint64_t spin_limit;    /* payload position a spinning consumer is sure to absorb */
     uint32_t spinning;      /* consumer busy-polls the ring: no doorbell needed up to spin_limit */
-    uint32_t want_bell;     /* consumer has no doorbell pending and wants one for new data */
+    uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_NEXT, RS_WANT_EVERY */
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
     uint8_t  pad0[64 - 32];
     /* written by the producer (sender of this direction) */

@@ -96,7 +96,7 @@ CHECKS = {
         sendsig_stream_intact_1 sendsig_stream_intact_2
         oob_none_pending poll_pri_urgent inband_before_mark oob_byte inband_after_mark reply_after_oob eof_after_oob
         getpeername getsockname fionread_all_arrived tcp_info_state tcp_info_bytes_received recv_peek_trunc
-        recv_trunc_discards data_after_trunc cork_data o_async_set sigio_each_message
+        recv_trunc_discards data_after_trunc cork_data o_async_set sigio_each_message sigio_each_arrival_unread
         recvmmsg preadv2_offset_espipe preadv2_socket sendmsg_ancillary_data recvmsg_timestamp_inq
         recvmsg_after_ancillary splice_from_socket splice_into_socket_data write_after_splice
         eof_after_splice banner_written_closed
