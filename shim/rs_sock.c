@@ -542,7 +542,9 @@ int rs_sock_so_error(struct rs_sock *s, int err)
 
 /* The kernel's TCP_INFO describes the socket, which carried only the handshake and the
  * doorbells: its payload byte counters become the connection's (ring bytes are in the
- * peer's memory when written: sent, acknowledged and received at once). */
+ * peer's memory when written: sent, acknowledged and received at once), and each ring
+ * record counts as the segment that would have carried it, on top of the socket's own
+ * segments (which then play the part of TCP's control segments). */
 void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
 {
     if (rs_sock_state(s) != RS_RING) return;
@@ -559,6 +561,21 @@ void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
     };
     for (unsigned i = 0; i < sizeof field / sizeof field[0]; i++)
         if (len >= field[i].off + 8) memcpy((char *)info + field[i].off, field[i].in ? &in : &out, 8);
+    uint32_t recs_out = (uint32_t)__atomic_load_n(&s->conn->tx.seq, __ATOMIC_RELAXED);
+    uint32_t recs_in = (uint32_t)__atomic_load_n(&s->conn->rx.seq, __ATOMIC_RELAXED);
+    static const struct { unsigned off; int in; } segs[] = {
+        { 136, 0 },     /* tcpi_segs_out */
+        { 140, 1 },     /* tcpi_segs_in */
+        { 152, 1 },     /* tcpi_data_segs_in */
+        { 156, 0 },     /* tcpi_data_segs_out */
+    };
+    for (unsigned i = 0; i < sizeof segs / sizeof segs[0]; i++) {
+        if (len < segs[i].off + 4) continue;
+        uint32_t v;
+        memcpy(&v, (char *)info + segs[i].off, 4);
+        v += segs[i].in ? recs_in : recs_out;        /* the kernel's counters wrap the same way */
+        memcpy((char *)info + segs[i].off, &v, 4);
+    }
 }
 
 /* The application's file status flags (F_SETFL, already done; or as found).  The hooks

@@ -95,7 +95,7 @@ CHECKS = {
         exec_before exec_no_internal_fds_s exec_conn_still_works_s
         sendsig_stream_intact_1 sendsig_stream_intact_2
         oob_none_pending poll_pri_urgent inband_before_mark oob_byte inband_after_mark reply_after_oob eof_after_oob
-        getpeername getsockname fionread_all_arrived tcp_info_state tcp_info_bytes_received recv_peek_trunc
+        getpeername getsockname fionread_all_arrived tcp_info_state tcp_info_bytes_received tcp_info_segs_in segs_data recv_peek_trunc
         recv_trunc_discards data_after_trunc cork_data o_async_set sigio_each_message sigio_each_arrival_unread
         recvmmsg preadv2_offset_espipe preadv2_socket sendmsg_ancillary_data recvmsg_timestamp_inq
         recvmsg_after_ancillary splice_from_socket splice_into_socket_data write_after_splice
@@ -123,7 +123,7 @@ CHECKS = {
         sa_restart_send_restarted no_restart_send_eintr
         linger0_econnreset linger0_then_eof unread_close_econnreset unread_close_then_eof
         send_oob read_after_oob
-        tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear
+        tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear tcp_info_segs_out
         so_error_refused so_error_cleared
         sendmmsg pwritev2_socket sendmsg_ancillary send_for_timestamp send_for_splice splice_into_socket read_after_splice banner_then_eof
         poll_signal_eintr select_signal_eintr epoll_signal_eintr

@@ -2445,6 +2445,21 @@ static int tcp_info_of(int fd, struct tcp_info *ti, uint64_t *acked, uint64_t *r
     return 0;
 }
 
+/* tcpi_segs_out/in and tcpi_data_segs_in/out (linux/tcp.h offsets 136, 140, 152, 156) */
+static int tcp_segs_of(int fd, uint32_t segs[4])
+{
+    uint8_t raw[256];
+    socklen_t l = sizeof raw;
+    memset(raw, 0, sizeof raw);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, raw, &l) < 0 || l < 160) return -1;
+    memcpy(&segs[0], raw + 136, 4);
+    memcpy(&segs[1], raw + 140, 4);
+    memcpy(&segs[2], raw + 152, 4);
+    memcpy(&segs[3], raw + 156, 4);
+    return 0;
+}
+#define TS_SEGS 20
+
 static void tcpstate_server(void)
 {
     int fd = server_accept_warm();
@@ -2476,6 +2491,14 @@ static void tcpstate_server(void)
     char c[3];
     n = rd_full(fd, c, 3);
     CHECK("cork_data", n == 3 && !memcmp(c, "xyz", 3), "read %zd errno=%d", n, errno);
+    /* TS_SEGS messages sent apart, each at least one segment: the counters say so */
+    uint32_t s0[4], s1[4];
+    int sr = tcp_segs_of(fd, s0);
+    ctl_send("segs", 0);
+    CHECK("segs_data", recv_pat(fd, 92, 0, TS_SEGS * 10, why, sizeof why), "%s", why);
+    sr |= tcp_segs_of(fd, s1);
+    CHECK("tcp_info_segs_in", sr == 0 && s1[1] - s0[1] >= TS_SEGS && s1[2] - s0[2] >= TS_SEGS,
+          "segs_in +%u, data_segs_in +%u for %d messages", s1[1] - s0[1], s1[2] - s0[2], TS_SEGS);
     ctl_need("done", NULL);
     close(fd);
 }
@@ -2509,6 +2532,17 @@ static void tcpstate_client(void)
     int zero = 0;
     CHECK("tcp_cork_clear", n == 3 && setsockopt(fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero) == 0 &&
           getsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, &vl) == 0 && v == 0, "sent %zd v=%d errno=%d", n, v, errno);
+    ctl_need("segs", NULL);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint32_t s0[4], s1[4];
+    int sr = tcp_segs_of(fd, s0);
+    for (int i = 0; i < TS_SEGS; i++) {
+        if (!send_pat(fd, 92, (size_t)i * 10, 10)) break;
+        sleep_ms(2);
+    }
+    sr |= tcp_segs_of(fd, s1);
+    CHECK("tcp_info_segs_out", sr == 0 && s1[0] - s0[0] >= TS_SEGS && s1[3] - s0[3] >= TS_SEGS,
+          "segs_out +%u, data_segs_out +%u for %d messages", s1[0] - s0[0], s1[3] - s0[3], TS_SEGS);
     ctl_send("done", 0);
     close(fd);
 }
