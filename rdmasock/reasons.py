@@ -31,7 +31,7 @@ CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}
 
 # Reasons for a connection that was upgraded and later went on over TCP (rs_fallback.c):
 # its log shows a transport=tcp line after the transport=shm/rdma one.
-MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "splice", "peer_moved")
+MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "splice", "tx_timestamps", "peer_moved")
 
 
 def name(code):

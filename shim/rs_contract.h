@@ -47,7 +47,8 @@
     X(22, RING_STALLED, "ring_stalled", "the peer took nothing from a full ring for 500 ms: the connection went on over TCP, which buffers more") \
     X(23, URGENT_DATA, "urgent_data", "the program sent urgent data (MSG_OOB), which only TCP carries: the connection went on over TCP") \
     X(24, PEER_MOVED, "peer_moved", "the peer moved its direction of the stream to TCP (its log says why): ours followed") \
-    X(25, SPLICE, "splice", "the program wrote to the socket with splice(), which the kernel does on the TCP socket: the connection went on over TCP")
+    X(25, SPLICE, "splice", "the program wrote to the socket with splice(), which the kernel does on the TCP socket: the connection went on over TCP") \
+    X(26, TX_TIMESTAMPS, "tx_timestamps", "the program asked for transmit timestamps (SO_TIMESTAMPING), which the kernel makes on the TCP path: the connection went on over TCP")
 
 #define RS_REASON_ENUM(code, sym, name, text) RS_REASON_##sym = code,
 enum rs_reason { RS_REASONS(RS_REASON_ENUM) RS_REASON_COUNT };

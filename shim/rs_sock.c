@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <linux/net_tstamp.h>
 #include "rs_sock.h"
 #include "rs_sys.h"
 
@@ -381,6 +382,8 @@ static ssize_t plain_within(struct rs_sock *s, uint64_t deadline, int *plain)
 
 ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain)
 {
+    /* The error queue (transmit timestamps, errors) is the kernel socket's, never stream. */
+    if (flags & MSG_ERRQUEUE) { *plain = 1; return 0; }
     int timeout = call_timeout(s, flags, s->rcvtimeo_ms);
     uint64_t deadline = rs_deadline(timeout);
     int entry = rs_sock_state(s), st = prepare(s, 0, timeout);
@@ -463,6 +466,14 @@ int rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain)
     *plain = 0;
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     return r;
+}
+
+int rs_tx_stamps_asked(int level, int name, const void *val, size_t len)
+{
+    int flags;
+    if (level != SOL_SOCKET || name != SO_TIMESTAMPING || !val || len < sizeof flags) return 0;
+    memcpy(&flags, val, sizeof flags);          /* an int, or struct so_timestamping's first field */
+    return (flags & SOF_TIMESTAMPING_TX_RECORD_MASK) != 0;
 }
 
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)

@@ -104,6 +104,9 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
 int     rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain);  /* then the kernel's call */
+/* 1 if this option (setsockopt) or control message (sendmsg) asks for transmit
+ * timestamps, which only the kernel's path of the bytes can make (RS_REASON_TX_TIMESTAMPS) */
+int     rs_tx_stamps_asked(int level, int name, const void *val, size_t len);
 int     rs_sock_at_mark(struct rs_sock *s, int *plain);             /* SIOCATMARK */
 int     rs_sock_so_error(struct rs_sock *s, int err);                 /* after the kernel's SO_ERROR */
 void    rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len);  /* after the kernel's TCP_INFO */

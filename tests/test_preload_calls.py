@@ -96,7 +96,7 @@ CHECKS = {
         sendsig_stream_intact_1 sendsig_stream_intact_2
         oob_none_pending poll_pri_urgent inband_before_mark oob_byte inband_after_mark reply_after_oob eof_after_oob
         getpeername getsockname fionread_all_arrived tcp_info_state tcp_info_bytes_received tcp_info_segs_in segs_data recv_peek_trunc
-        recv_trunc_discards data_after_trunc cork_data o_async_set sigio_each_message sigio_each_arrival_unread
+        recv_trunc_discards data_after_trunc rx_timestamping_set rx_timestamping data_after_tx_timestamps cork_data o_async_set sigio_each_message sigio_each_arrival_unread
         recvmmsg preadv2_offset_espipe preadv2_socket sendmsg_ancillary_data recvmsg_timestamp_inq
         recvmsg_after_ancillary splice_from_socket splice_into_socket_data write_after_splice
         eof_after_splice banner_written_closed
@@ -123,7 +123,7 @@ CHECKS = {
         sa_restart_send_restarted no_restart_send_eintr
         linger0_econnreset linger0_then_eof unread_close_econnreset unread_close_then_eof
         send_oob read_after_oob
-        tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear tcp_info_segs_out
+        tcpstate_send siocoutq_drained tcp_info_bytes_acked tcp_cork_set tcp_cork_clear tcp_info_segs_out tx_timestamping_set tx_timestamp_on_error_queue tx_timestamps_send
         so_error_refused so_error_cleared
         sendmmsg pwritev2_socket sendmsg_ancillary send_for_timestamp send_for_splice splice_into_socket read_after_splice banner_then_eof
         poll_signal_eintr select_signal_eintr epoll_signal_eintr
@@ -395,6 +395,11 @@ def test_transport(scenario, workdir):
         if (x["role"] == "server" and not spre) or (x["role"] == "client" and not cpre):
             problems.append("a log line from a side that is not preloaded: " + x["line"])
     if spre and cpre:
+        # transmit timestamps moved the client's connection to TCP, with its reason
+        for test, port in conns:
+            if test == "tstamp" and not any(x["role"] == "client" and port_of(x["local"]) == port and
+                                            "reason=tx_timestamps" in x["line"] for x in recs):
+                problems.append("tstamp: the client logged no move to TCP with reason=tx_timestamps")
         # the ring-full test filled the 64 KiB ring, not kernel socket buffers (megabytes)
         fills = [int(n) for n in re.findall(r"^info ringfull: round \d filled (\d+) bytes", r.out["server"], re.M)]
         if len(fills) != 2 or not all(0 < n <= RING_SIZE for n in fills):

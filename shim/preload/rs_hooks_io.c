@@ -3,6 +3,7 @@
  * through the socket object (shim/rs_sock.c) into the ring, with no system call while the
  * ring has room or data. */
 #include "rs_preload.h"
+#include <linux/net_tstamp.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -94,27 +95,33 @@ RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 }
 
 /* The ancillary data a TCP socket gives with received bytes, if the program asked for it:
- * a receive timestamp (SO_TIMESTAMP / SO_TIMESTAMPNS: when the bytes were taken from the
- * ring, which is when they became the socket's) and TCP_INQ (bytes left to read). */
+ * a receive timestamp (SO_TIMESTAMP / SO_TIMESTAMPNS, and SO_TIMESTAMPING's software one:
+ * when the bytes were taken from the ring, which is when they became the socket's; no
+ * hardware saw them) and TCP_INQ (bytes left to read), in the kernel's order. */
 static void rx_ancillary(struct rs_sock *s, struct msghdr *m)
 {
     size_t room = m->msg_controllen, used = 0;
-    int ns = 0, us = 0, inq = 0;
+    int ns = 0, us = 0, inq = 0, ts = 0;
     socklen_t l = sizeof ns;
     m->msg_controllen = 0;
     if (!m->msg_control || !room) return;
     if (rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMPNS, &ns, &l) < 0) ns = 0;
     l = sizeof us;
     if (!ns && rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMP, &us, &l) < 0) us = 0;
+    l = sizeof ts;
+    if (rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMPING, &ts, &l) < 0) ts = 0;
+    ts = (ts & SOF_TIMESTAMPING_SOFTWARE) && (ts & SOF_TIMESTAMPING_RX_SOFTWARE);
     l = sizeof inq;
     if (rs_real.getsockopt(s->fd, IPPROTO_TCP, TCP_INQ, &inq, &l) < 0) inq = 0;
-    struct timespec now;
+    struct timespec now, stamps[3] = { { 0, 0 } };
     clock_gettime(CLOCK_REALTIME, &now);
+    stamps[0] = now;
     struct timeval tv = { now.tv_sec, now.tv_nsec / 1000 };
     int left = (int)rs_rx_available(s->conn);
     struct { int on, level, type; const void *data; size_t len; } item[] = {
         { ns, SOL_SOCKET, SCM_TIMESTAMPNS, &now, sizeof now },
         { us, SOL_SOCKET, SCM_TIMESTAMP, &tv, sizeof tv },
+        { ts, SOL_SOCKET, SCM_TIMESTAMPING, stamps, sizeof stamps },
         { inq, IPPROTO_TCP, TCP_CM_INQ, &left, sizeof left },
     };
     for (unsigned i = 0; i < sizeof item / sizeof item[0]; i++) {
@@ -132,6 +139,7 @@ static void rx_ancillary(struct rs_sock *s, struct msghdr *m)
 
 static ssize_t recv_msg(struct rs_sock *s, struct msghdr *m, int flags, int *plain)
 {
+    if (flags & MSG_ERRQUEUE) { *plain = 1; return 0; }       /* the kernel socket's own */
     ssize_t r = recv_iov(s, m->msg_iov, (int)m->msg_iovlen, flags, plain);
     if (!*plain) {
         m->msg_namelen = 0;
@@ -207,6 +215,9 @@ RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 static ssize_t send_msg(struct rs_sock *s, const struct msghdr *m, int flags, int *plain)
 {
     *plain = 0;
+    for (struct cmsghdr *c = m->msg_controllen ? CMSG_FIRSTHDR(m) : NULL; c; c = CMSG_NXTHDR((struct msghdr *)m, c))
+        if (rs_tx_stamps_asked(c->cmsg_level, c->cmsg_type, CMSG_DATA(c), c->cmsg_len - CMSG_LEN(0)))
+            return rs_sock_move_tx(s, RS_REASON_TX_TIMESTAMPS, flags, plain);
     if (m->msg_controllen && rs_sock_state(s) == RS_RING) {
         struct msghdr ctl = *m;
         ctl.msg_iov = NULL;

@@ -260,6 +260,7 @@ RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
         if (name == TCP_NODELAY) s->app_nodelay = *(const int *)val != 0;
         else s->app_cork = *(const int *)val != 0;
     } else {
+        if (rs_tx_stamps_asked(level, name, val, len)) rs_sock_move_tx(s, RS_REASON_TX_TIMESTAMPS, 0, &(int){ 0 });
         r = rs_real.setsockopt(fd, level, name, val, len);
         if (r == 0) rs_sock_setopt_seen(s, level, name, val, len);
     }

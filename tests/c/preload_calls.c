@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/net_tstamp.h>
 #include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
@@ -2547,6 +2548,76 @@ static void tcpstate_client(void)
     close(fd);
 }
 
+/* ---- tstamp: SO_TIMESTAMPING, receive (software) and transmit (on the error queue) -- */
+static int stamps_in(struct msghdr *m, struct timespec ts[3])
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPING) {
+            memcpy(ts, CMSG_DATA(c), 3 * sizeof ts[0]);
+            return 1;
+        }
+    return 0;
+}
+
+static int near_now(const struct timespec *t)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    long long d = (long long)now.tv_sec - (long long)t->tv_sec;
+    return t->tv_sec && d >= 0 && d < 10;
+}
+
+static void tstamp_server(void)
+{
+    int fd = server_accept_warm();
+    if (fd < 0) return;
+    int v = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+    CHECK("rx_timestamping_set", setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &v, sizeof v) == 0, "errno=%d", errno);
+    sleep_ms(50);                  /* the kernel turns receive stamps on asynchronously */
+    ctl_send("armed", 0);
+    char buf[8] = { 0 };
+    union { char b[256]; struct cmsghdr align; } ctl;
+    struct iovec iov = { buf, 3 };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b };
+    ssize_t r = recvmsg(fd, &m, MSG_WAITALL);
+    struct timespec ts[3] = { { 0, 0 } };
+    int got = r == 3 && stamps_in(&m, ts);
+    CHECK("rx_timestamping", got && !memcmp(buf, "abc", 3) && near_now(&ts[0]) && !ts[2].tv_sec && !ts[2].tv_nsec,
+          "recvmsg %zd, stamp %d: software %lld.%09ld hardware %lld.%09ld", r, got, (long long)ts[0].tv_sec,
+          ts[0].tv_nsec, (long long)ts[2].tv_sec, ts[2].tv_nsec);
+    char why[200];
+    CHECK("data_after_tx_timestamps", recv_pat(fd, 93, 0, 100000, why, sizeof why), "%s", why);
+    ctl_need("done", NULL);
+    close(fd);
+}
+
+static void tstamp_client(void)
+{
+    int fd = client_connect_warm();
+    if (fd < 0) return;
+    int v = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID;
+    CHECK("tx_timestamping_set", setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &v, sizeof v) == 0, "errno=%d", errno);
+    ctl_need("armed", NULL);
+    ssize_t n = send(fd, "abc", 3, 0);
+    /* the stamp of those bytes comes on the error queue */
+    struct timespec ts[3] = { { 0, 0 } };
+    int got = 0;
+    long long end = now_ms() + WAIT_MS;
+    while (!got && now_ms() < end) {
+        char data[256];
+        union { char b[512]; struct cmsghdr align; } ctl;
+        struct iovec iov = { data, sizeof data };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b };
+        if (recvmsg(fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0) got = stamps_in(&m, ts);
+        else sleep_ms(5);
+    }
+    CHECK("tx_timestamp_on_error_queue", n == 3 && got && near_now(&ts[0]), "send %zd, stamp %d at %lld.%09ld",
+          n, got, (long long)ts[0].tv_sec, ts[0].tv_nsec);
+    CHECK("tx_timestamps_send", send_pat(fd, 93, 0, 100000), "errno=%d", errno);
+    ctl_send("done", 0);
+    close(fd);
+}
+
 /* ---- sigio: O_ASYNC + F_SETOWN; a program that reads until EAGAIN on each SIGIO sees
  * every message (it waits for nothing but the signal) --------------------------------- */
 #define SIGIO_ROUNDS 3
@@ -2896,6 +2967,7 @@ static const struct test tests[] = {
     { "signals", signals_server, signals_client },
     { "sendsig", sendsig_server, sendsig_client },
     { "pollsig", pollsig_server, pollsig_client },
+    { "tstamp", tstamp_server, tstamp_client },
     { "timeo_fresh", timeo_fresh_server, timeo_fresh_client },
     { "reset", reset_server, reset_client },
     { "urgent", urgent_server, urgent_client },
