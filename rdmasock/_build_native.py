@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SOURCES = ["shim/rs_contract.c", "shim/rs_wait.c", "shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
            "shim/rs_preamble.c",
-           "shim/rs_rdma.c", "shim/rs_fallback.c"]
+           "shim/rs_rdma.c", "shim/rs_fallback.c", "shim/rs_report.c"]
 
 CDEF = """
 #define RS_STEP_PENDING ...
@@ -41,6 +41,7 @@ struct rs_rx {
     uint8_t pre;
     uint8_t pre_lazy;
     uint32_t pre_left;
+    uint64_t pre_bytes;
     ...;
 };
 typedef struct rs_conn {
@@ -76,6 +77,8 @@ void rs_shutdown_rd(rs_conn *c);
 int rs_tx_writable(rs_conn *c);
 ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t rs_rx_available(rs_conn *c);
+void rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);
+size_t rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *trunc);
 int rs_rx_ready(rs_conn *c);
 int rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
 struct rs_rdma_params {

@@ -12,6 +12,7 @@ import operator
 import os
 import select
 import socket as _socket
+import struct
 import threading
 import time
 
@@ -28,6 +29,20 @@ PRELOADED = False      # set by the preload engine: it upgrades every socket of 
 _NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
 _RBUF_SIZE = 65536
 _EINTR = -errno.EINTR
+_CMSGHDR = struct.Struct("@Nii")        # struct cmsghdr: cmsg_len, cmsg_level, cmsg_type
+_SO_TIMESTAMPING = 37                   # <asm-generic/socket.h>; the socket module has no name for it
+_SOF_TX_STAMPS = 0x1 | 0x2 | 0x100 | 0x200   # SOF_TIMESTAMPING_TX_HARDWARE/_SOFTWARE/_SCHED/_ACK
+
+
+def _tx_stamps_asked(level, name, value):
+    """True if this option or control message asks for transmit timestamps, which the
+    kernel makes only on its own path of the bytes (reason tx_timestamps)."""
+    if level != _socket.SOL_SOCKET or name != _SO_TIMESTAMPING:
+        return False
+    if isinstance(value, int):
+        return bool(value & _SOF_TX_STAMPS)
+    raw = bytes(value)
+    return len(raw) >= 4 and bool(struct.unpack_from("@i", raw)[0] & _SOF_TX_STAMPS)
 _rs_send, _rs_recv = lib.rs_send, lib.rs_recv     # bound once: the per-call path stays short
 _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
 
@@ -85,6 +100,7 @@ class socket(_base):
         self._wrote_to_gone = False  # declined server: the one write TCP takes after the peer's close
         self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
+        self._pre_sent = 0         # client: payload sent in preamble frames (TCP_INFO's byte counts)
         self._hs_lock = threading.RLock()   # handshake progress vs. queued writes, across threads
         self._transport = "tcp"
         self._reason = None
@@ -311,6 +327,7 @@ class socket(_base):
                     return None
                 r = lib.rs_pre_send(self.fileno(), p, len(p), 1, 0)
             if r >= 0:
+                self._pre_sent += r
                 return r
             if r not in (-errno.EAGAIN, _EINTR):
                 self._fail(r)
@@ -500,15 +517,31 @@ class socket(_base):
         return self.recv_into(buffer, nbytes, flags), None
 
     def recvmsg(self, bufsize, ancbufsize=0, flags=0):
-        if self._plain():
-            return _base.recvmsg(self, bufsize, ancbufsize, flags)
+        if self._plain() or operator.index(flags) & _socket.MSG_ERRQUEUE:
+            return _base.recvmsg(self, bufsize, ancbufsize, flags)   # the error queue is the kernel's
         if operator.index(bufsize) < 0 or operator.index(ancbufsize) < 0:
             raise ValueError("negative buffer size in recvmsg()")
-        operator.index(flags)
-        return self.recv(bufsize, flags), [], 0, None
+        data = self.recv(bufsize, flags)
+        return (data, *self._rx_ancillary(ancbufsize if data else 0), None)
+
+    def _rx_ancillary(self, ancbufsize):
+        """(ancdata, msg_flags) a TCP socket gives with received bytes: timestamps and
+        TCP_INQ, as the program asked for them (shim/rs_report.c)."""
+        c = self._conn
+        if not ancbufsize or c is None:
+            return [], 0
+        buf, trunc = ffi.new("char[]", ancbufsize), ffi.new("int *")
+        used = lib.rs_conn_rx_ancillary(c, self.fileno(), buf, ancbufsize, trunc)
+        raw, items, off = ffi.buffer(buf, used)[:], [], 0
+        hdr = _socket.CMSG_LEN(0)
+        while off + hdr <= used:
+            length, level, kind = _CMSGHDR.unpack_from(raw, off)
+            items.append((level, kind, raw[off + hdr:off + length]))
+            off += _socket.CMSG_SPACE(length - hdr)
+        return items, _socket.MSG_CTRUNC if trunc[0] else 0
 
     def recvmsg_into(self, buffers, ancbufsize=0, flags=0):
-        if self._plain():
+        if self._plain() or operator.index(flags) & _socket.MSG_ERRQUEUE:
             return _base.recvmsg_into(self, buffers, ancbufsize, flags)
         buffers = list(buffers)
         if any(memoryview(b).readonly for b in buffers):
@@ -523,7 +556,7 @@ class socket(_base):
             total += got
             if got < n:
                 break
-        return total, [], 0, None
+        return (total, *self._rx_ancillary(ancbufsize if total else 0), None)
 
     def send(self, data, flags=0):
         c = self._conn
@@ -561,11 +594,17 @@ class socket(_base):
     def _send_urgent(self, c, data, flags):
         """Urgent data exists only in TCP: the connection moves there first, behind every
         byte sent before (reason urgent_data), then the kernel sends and marks it."""
+        self._move_tx(c, "urgent_data", flags)
+        return _base.send(self, data, flags)
+
+    def _move_tx(self, c, reason, flags=0):
+        """Our direction moves to TCP behind every byte sent before: what follows is the
+        kernel's to send (docs/PROTOCOL.md 6.8)."""
         while True:
-            r = lib.rs_fb_move_tx(c, reasons.CODE_BY_NAME["urgent_data"], 0 if flags & _NONBLOCK_FLAGS else self._tmo)
+            r = lib.rs_fb_move_tx(c, reasons.CODE_BY_NAME[reason], 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r == 0:
                 self.transport                          # logs the move
-                return _base.send(self, data, flags)
+                return
             if r != _EINTR:
                 self._fail(r)
 
@@ -598,6 +637,10 @@ class socket(_base):
         if self._plain():
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
         buffers, ancdata = list(buffers), list(ancdata)
+        c = self._conn
+        if c is not None and any(_tx_stamps_asked(level, kind, data) for level, kind, data in ancdata):
+            self._move_tx(c, "tx_timestamps", flags)
+            return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address is not None else []))
         if ancdata or address is not None:
             # The kernel checks the arguments and the ancillary data (a TCP socket accepts
             # and ignores what it has no use for), with no byte of the stream; the ring
@@ -729,7 +772,6 @@ class socket(_base):
         """Bytes receivable without waiting (like ioctl FIONREAD)."""
         if self._conn is None:
             import fcntl
-            import struct
             import termios
             return struct.unpack("i", fcntl.ioctl(self.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
         return lib.rs_rx_available(self._conn)
@@ -738,13 +780,21 @@ class socket(_base):
         if self._conn is not None and level == _socket.IPPROTO_TCP and optname in self._app_tcp:
             self._app_tcp[optname] = 1 if value else 0     # the doorbell socket keeps Nagle and the cork off
             return None
+        if self._conn is not None and optlen is None and _tx_stamps_asked(level, optname, value):
+            self._move_tx(self._conn, "tx_timestamps")     # the kernel stamps only its own path
         if optlen is None:
             return _base.setsockopt(self, level, optname, value)
         return _base.setsockopt(self, level, optname, value, optlen)
 
     def getsockopt(self, *args):
-        if self._conn is not None and args[0] == _socket.IPPROTO_TCP and args[1] in self._app_tcp and len(args) == 2:
+        c = self._conn
+        if c is not None and args[0] == _socket.IPPROTO_TCP and args[1] in self._app_tcp and len(args) == 2:
             return self._app_tcp[args[1]]
+        if c is not None and args[:2] == (_socket.IPPROTO_TCP, _socket.TCP_INFO) and len(args) == 3:
+            info = bytearray(_base.getsockopt(self, *args))     # counts the stream, not the socket
+            lib.rs_conn_tcp_info(c, c.rx.bytes + c.rx.pre_bytes, c.tx.bytes + self._pre_sent,
+                                 ffi.from_buffer(info), len(info))
+            return bytes(info)
         h = self._hs
         if h is not None and isinstance(h, upgrade.Client) and not h.hello_sent and args[:2] == (_socket.SOL_SOCKET, _socket.SO_ERROR):
             # asyncio finishes a nonblocking connect by reading SO_ERROR: send the HELLO now.

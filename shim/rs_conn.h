@@ -66,6 +66,7 @@ struct rs_rx {
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
     uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
+    uint64_t pre_bytes;       /* payload handed to the application from preamble frames */
     uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
@@ -140,6 +141,10 @@ struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void     rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
+
+/* rs_report.c: the socket's reports about the stream */
+void     rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);
+size_t   rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *trunc);
 long     rs_fd_recv(int fd, void *buf, size_t n, int flags);
 void     rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...);
 

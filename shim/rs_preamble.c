@@ -240,7 +240,7 @@ static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
     }
     size_t want = len < c->rx.pre_left ? len : c->rx.pre_left;
     long r = rs_c_recv(c, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
-    if (r > 0 && !peek) c->rx.pre_left -= (uint32_t)r;
+    if (r > 0 && !peek) { c->rx.pre_left -= (uint32_t)r; c->rx.pre_bytes += (uint64_t)r; }
     if (r == 0) {
         rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
         return -ECONNRESET;

@@ -551,42 +551,12 @@ int rs_sock_so_error(struct rs_sock *s, int err)
     return err;
 }
 
-/* The kernel's TCP_INFO describes the socket, which carried only the handshake and the
- * doorbells: its payload byte counters become the connection's (ring bytes are in the
- * peer's memory when written: sent, acknowledged and received at once), and each ring
- * record counts as the segment that would have carried it, on top of the socket's own
- * segments (which then play the part of TCP's control segments). */
+/* TCP_INFO of an upgraded connection counts the stream, not the socket (rs_report.c). */
 void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
 {
     if (rs_sock_state(s) != RS_RING) return;
-    uint64_t in = __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED), out = __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED);
-    ssize_t queued = rs_rx_available(s->conn);
-    if (queued > 0) in += (uint64_t)queued;
-    out += 1 + (s->conn->tx.fin_sent ? 1 : 0);    /* Linux counts the SYN and FIN as acknowledged bytes */
-    /* offsets in the kernel's struct tcp_info (linux/tcp.h; an ABI, fields never move),
-     * which glibc's <netinet/tcp.h> does not declare this far */
-    static const struct { unsigned off; int in; } field[] = {
-        { 120, 0 },     /* tcpi_bytes_acked */
-        { 128, 1 },     /* tcpi_bytes_received */
-        { 200, 0 },     /* tcpi_bytes_sent (counts the SYN and FIN too) */
-    };
-    for (unsigned i = 0; i < sizeof field / sizeof field[0]; i++)
-        if (len >= field[i].off + 8) memcpy((char *)info + field[i].off, field[i].in ? &in : &out, 8);
-    uint32_t recs_out = (uint32_t)__atomic_load_n(&s->conn->tx.seq, __ATOMIC_RELAXED);
-    uint32_t recs_in = (uint32_t)__atomic_load_n(&s->conn->rx.seq, __ATOMIC_RELAXED);
-    static const struct { unsigned off; int in; } segs[] = {
-        { 136, 0 },     /* tcpi_segs_out */
-        { 140, 1 },     /* tcpi_segs_in */
-        { 152, 1 },     /* tcpi_data_segs_in */
-        { 156, 0 },     /* tcpi_data_segs_out */
-    };
-    for (unsigned i = 0; i < sizeof segs / sizeof segs[0]; i++) {
-        if (len < segs[i].off + 4) continue;
-        uint32_t v;
-        memcpy(&v, (char *)info + segs[i].off, 4);
-        v += segs[i].in ? recs_in : recs_out;        /* the kernel's counters wrap the same way */
-        memcpy((char *)info + segs[i].off, &v, 4);
-    }
+    rs_conn_tcp_info(s->conn, __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED),
+                     __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED), info, len);
 }
 
 /* The application's file status flags (F_SETFL, already done; or as found).  The hooks

@@ -440,3 +440,94 @@ def test_client_closing_before_the_answer_ends_the_stream(mode, tmp_path):
     # the client is gone, so its answer is a DECLINE (fd_pass_failed): a handshake either way
     assert ("transport=shm" if mode == "api" else "reason=fd_pass_failed") in log, log
 
+
+
+SO_TIMESTAMPNS, SO_TIMESTAMPING, TCP_INQ = 35, 37, 36        # the socket module has no names for them
+SOF_RX_SOFTWARE, SOF_SOFTWARE, SOF_TX_SOFTWARE, SOF_OPT_ID = 0x8, 0x10, 0x2, 0x80
+
+
+def _plain_pair():
+    srv = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(srv.getsockname())
+    s, _ = srv.accept()
+    srv.close()
+    return c, s
+
+
+def _tcp_info(sock):
+    import struct
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    acked, received = struct.unpack_from("=QQ", raw, 120)
+    segs_out, segs_in = struct.unpack_from("=II", raw, 136)
+    data_segs_in, data_segs_out = struct.unpack_from("=II", raw, 152)
+    return dict(acked=acked, received=received, segs_out=segs_out, segs_in=segs_in,
+                data_segs_in=data_segs_in, data_segs_out=data_segs_out)
+
+
+def _stamp_reports(c, s):
+    """What a program sees of the stream through TCP_INFO, receive ancillary data and
+    transmit timestamps: the same assertions for a plain and an upgraded pair."""
+    import struct
+    import time
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    before_c, before_s = _tcp_info(c), _tcp_info(s)
+    for i in range(20):                          # messages sent apart: a segment each at least
+        c.sendall(b"%02d" % i)
+        time.sleep(0.002)
+    assert recv_exact(s, 40) == b"".join(b"%02d" % i for i in range(20))
+    after_c, after_s = _tcp_info(c), _tcp_info(s)
+    assert after_s["received"] - before_s["received"] == 40
+    assert after_c["acked"] - before_c["acked"] == 40
+    assert after_c["data_segs_out"] - before_c["data_segs_out"] >= 20
+    assert after_s["data_segs_in"] - before_s["data_segs_in"] >= 20 and after_s["segs_in"] > before_s["segs_in"]
+
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_INQ, 1)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, SOF_RX_SOFTWARE | SOF_SOFTWARE)
+    time.sleep(0.05)                             # the kernel turns receive stamps on asynchronously
+    c.sendall(b"abcdef")
+    data, anc, flags, _ = s.recvmsg(3, 1024, socket.MSG_WAITALL)
+    assert data == b"abc" and not flags & socket.MSG_CTRUNC
+    kinds = [(level, kind) for level, kind, _ in anc]
+    assert kinds == [(socket.SOL_SOCKET, SO_TIMESTAMPNS), (socket.SOL_SOCKET, SO_TIMESTAMPING),
+                     (socket.IPPROTO_TCP, TCP_INQ)], anc
+    sec, _ = struct.unpack("=qq", anc[0][2])
+    assert abs(sec - time.time()) < 10
+    sw, _, _, _, hw, hw_ns = struct.unpack("=qqqqqq", anc[1][2])
+    assert abs(sw - time.time()) < 10 and hw == hw_ns == 0
+    assert struct.unpack("=i", anc[2][2])[0] == 3        # bytes left to read
+    data, anc, flags, _ = s.recvmsg(3, socket.CMSG_SPACE(16))
+    assert data == b"def" and flags & socket.MSG_CTRUNC and [k for _, k, _ in anc] == [SO_TIMESTAMPNS]
+
+    deadline = time.monotonic() + 10
+    c.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, SOF_TX_SOFTWARE | SOF_SOFTWARE | SOF_OPT_ID)
+    c.sendall(b"stamped")
+    stamp = None
+    while stamp is None and time.monotonic() < deadline:
+        try:
+            _, anc, _, _ = c.recvmsg(256, 1024, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            time.sleep(0.005)
+            continue
+        stamp = [d for level, kind, d in anc if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPING)]
+    assert stamp and abs(struct.unpack_from("=q", stamp[0])[0] - time.time()) < 10, anc
+    assert recv_exact(s, 7) == b"stamped"
+    s.sendall(b"back")
+    assert recv_exact(c, 4) == b"back"
+
+
+def test_reports_of_the_stream_match_tcp(pair):
+    """TCP_INFO counts the stream's bytes and segments, recvmsg gives the receive
+    timestamps and TCP_INQ the program asked for, and transmit timestamps come on the
+    error queue (the connection moves to TCP for them, reason tx_timestamps): the same
+    assertions hold for plain sockets and for an upgraded pair."""
+    c, s = _plain_pair()
+    try:
+        _stamp_reports(c, s)
+    finally:
+        c.close()
+        s.close()
+    c, s = pair()
+    assert (c.transport, s.transport) == ("shm", "shm")
+    _stamp_reports(c, s)
+    assert (c.transport, c.fallback_reason) == ("tcp", "tx_timestamps")

@@ -3,7 +3,6 @@
  * through the socket object (shim/rs_sock.c) into the ring, with no system call while the
  * ring has room or data. */
 #include "rs_preload.h"
-#include <linux/net_tstamp.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -94,48 +93,6 @@ RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
     HOOK(recv_iov(s_, iov, cnt, 0, &plain_), rs_real.readv(fd, iov, cnt));
 }
 
-/* The ancillary data a TCP socket gives with received bytes, if the program asked for it:
- * a receive timestamp (SO_TIMESTAMP / SO_TIMESTAMPNS, and SO_TIMESTAMPING's software one:
- * when the bytes were taken from the ring, which is when they became the socket's; no
- * hardware saw them) and TCP_INQ (bytes left to read), in the kernel's order. */
-static void rx_ancillary(struct rs_sock *s, struct msghdr *m)
-{
-    size_t room = m->msg_controllen, used = 0;
-    int ns = 0, us = 0, inq = 0, ts = 0;
-    socklen_t l = sizeof ns;
-    m->msg_controllen = 0;
-    if (!m->msg_control || !room) return;
-    if (rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMPNS, &ns, &l) < 0) ns = 0;
-    l = sizeof us;
-    if (!ns && rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMP, &us, &l) < 0) us = 0;
-    l = sizeof ts;
-    if (rs_real.getsockopt(s->fd, SOL_SOCKET, SO_TIMESTAMPING, &ts, &l) < 0) ts = 0;
-    ts = (ts & SOF_TIMESTAMPING_SOFTWARE) && (ts & SOF_TIMESTAMPING_RX_SOFTWARE);
-    l = sizeof inq;
-    if (rs_real.getsockopt(s->fd, IPPROTO_TCP, TCP_INQ, &inq, &l) < 0) inq = 0;
-    struct timespec now, stamps[3] = { { 0, 0 } };
-    clock_gettime(CLOCK_REALTIME, &now);
-    stamps[0] = now;
-    struct timeval tv = { now.tv_sec, now.tv_nsec / 1000 };
-    int left = (int)rs_rx_available(s->conn);
-    struct { int on, level, type; const void *data; size_t len; } item[] = {
-        { ns, SOL_SOCKET, SCM_TIMESTAMPNS, &now, sizeof now },
-        { us, SOL_SOCKET, SCM_TIMESTAMP, &tv, sizeof tv },
-        { ts, SOL_SOCKET, SCM_TIMESTAMPING, stamps, sizeof stamps },
-        { inq, IPPROTO_TCP, TCP_CM_INQ, &left, sizeof left },
-    };
-    for (unsigned i = 0; i < sizeof item / sizeof item[0]; i++) {
-        if (!item[i].on) continue;
-        if (used + CMSG_SPACE(item[i].len) > room) { m->msg_flags |= MSG_CTRUNC; break; }
-        struct cmsghdr *c = (struct cmsghdr *)((char *)m->msg_control + used);
-        c->cmsg_level = item[i].level;
-        c->cmsg_type = item[i].type;
-        c->cmsg_len = CMSG_LEN(item[i].len);
-        memcpy(CMSG_DATA(c), item[i].data, item[i].len);
-        used += CMSG_SPACE(item[i].len);
-    }
-    m->msg_controllen = used;
-}
 
 static ssize_t recv_msg(struct rs_sock *s, struct msghdr *m, int flags, int *plain)
 {
@@ -144,8 +101,10 @@ static ssize_t recv_msg(struct rs_sock *s, struct msghdr *m, int flags, int *pla
     if (!*plain) {
         m->msg_namelen = 0;
         m->msg_flags = 0;
-        if (r > 0 && rs_sock_state(s) == RS_RING) rx_ancillary(s, m);
-        else m->msg_controllen = 0;
+        int trunc = 0;
+        m->msg_controllen = r > 0 && rs_sock_state(s) == RS_RING
+                            ? rs_conn_rx_ancillary(s->conn, s->fd, m->msg_control, m->msg_controllen, &trunc) : 0;
+        if (trunc) m->msg_flags |= MSG_CTRUNC;
     }
     return r;
 }
