@@ -98,6 +98,7 @@ struct rs_conn {
     uint8_t  reset_reported;  /* the peer's reset was reported (rs_conn_reset_once) */
     uint8_t  switch_due;      /* client: SWITCH goes before our next TCP byte or after our first
                                * records (1 due, 2 being sent; rs_preamble.c) */
+    uint8_t  switch_sent;     /* bytes of that SWITCH frame on the socket so far */
     char     errmsg[RS_ERRMSG_LEN];
 
     /* memory owned by this connection: the shm mapping, or the rdma rings and words */
@@ -182,11 +183,14 @@ uint64_t rs_rx_produced(rs_conn *c);
 ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int      rs_pre_switch(int fd);
 void     rs_pre_switch_later(rs_conn *c);
-void     rs_tx_switch_now(rs_conn *c);
-/* Before any byte of ours on the TCP socket, and once our first records are in the ring. */
-static inline void rs_tx_switch(rs_conn *c)
+int      rs_tx_switch_now(rs_conn *c);
+/* Before any byte of ours on the TCP socket, and once our first records are in the ring:
+ * 1 if the SWITCH is out (or none is due), 0 if the socket has no room for it yet (no
+ * byte of ours may go before it; the caller acts as for a full socket). */
+static inline int rs_tx_switch(rs_conn *c)
 {
-    if (__builtin_expect(__atomic_load_n(&c->switch_due, __ATOMIC_ACQUIRE), 0)) rs_tx_switch_now(c);
+    if (__builtin_expect(__atomic_load_n(&c->switch_due, __ATOMIC_ACQUIRE), 0)) return rs_tx_switch_now(c);
+    return 1;
 }
 ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 int      rs_pre_settle(rs_conn *c);

@@ -22,8 +22,7 @@
  * a byte that never left is taken back so the consumer does not wait to drain it. */
 static int send_bell(rs_conn *c, uint8_t kind, uint64_t *counter)
 {
-    rs_tx_switch(c);
-    long r = rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    long r = rs_tx_switch(c) ? rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL) : -EAGAIN;
     if (r == 1) { __atomic_fetch_add(&c->bells_sent, 1, __ATOMIC_RELAXED); return 1; }
     __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
     if (r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) RS_SET(c->tcp_eof, 1);
@@ -335,7 +334,8 @@ int rs_peer_gone(rs_conn *c)
 int rs_wait_fd(rs_conn *c, int timeout_ms)
 {
     c->rx.sleeps++;
-    if (timeout_ms < 0 && !c->rdma) {
+    short out = rs_tx_switch(c) ? 0 : POLLOUT;          /* room for our SWITCH wakes us too */
+    if (timeout_ms < 0 && !c->rdma && !out) {
         int fd = rs_fd_enter(c);
         int own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 1024);
         if (own < 0) own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
@@ -355,7 +355,7 @@ int rs_wait_fd(rs_conn *c, int timeout_ms)
     }
     short re;
     int slice = timeout_ms < 0 || timeout_ms > RS_WAIT_SLICE_MS ? RS_WAIT_SLICE_MS : timeout_ms;
-    int r = rs_c_poll(c, POLLIN | POLLRDHUP, slice, &re);
+    int r = rs_c_poll(c, POLLIN | POLLRDHUP | out, slice, &re);
     if (r == -EINTR && timeout_ms < 0 && rs_restart_after_signal()) return 1;
     if (r > 0 && (re & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))) rs_peer_gone(c);
     return r;

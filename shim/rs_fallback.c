@@ -133,7 +133,7 @@ static int tx_broken(rs_conn *c, long n)
  * block, -errno. */
 static int tx_pump(rs_conn *c)
 {
-    rs_tx_switch(c);
+    if (!rs_tx_switch(c)) return 0;
     while (c->tx.fb_out_sent < c->tx.fb_out_len) {
         long n = rs_c_send(c, c->tx.fb_out + c->tx.fb_out_sent, c->tx.fb_out_len - c->tx.fb_out_sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -181,12 +181,13 @@ static int tx_advance(rs_conn *c)
 /* Any thread not holding tx_lock. */
 void rs_fb_kick(rs_conn *c)
 {
+    rs_tx_switch(c);
     if (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) tx_advance(c);
 }
 
 int rs_fb_tx_pending(rs_conn *c)
 {
-    return RS_GET(c->fb) && c->tx.fb != TX_PLAIN;
+    return (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) || RS_GET(c->switch_due);
 }
 
 /* Frame and resend first (the application already counted them as sent), then straight

@@ -118,20 +118,39 @@ void rs_pre_switch_later(rs_conn *c)
     RS_SET(c->switch_due, 1);
 }
 
-void rs_tx_switch_now(rs_conn *c)
+/* Never waits for room: the server may be reading nothing until it has what we are about
+ * to read or write (a client whose preamble filled the socket, then reads), and a wait here
+ * would outlast the caller's timeout.  What did not fit goes at a later call; until then
+ * our other TCP bytes wait too (doorbells are sent later, credit is found in memory), and
+ * our waits include room on the socket (rs_wait_fd, the preload's readiness). */
+int rs_tx_switch_now(rs_conn *c)
 {
-    uint8_t due = 1;
-    if (__atomic_compare_exchange_n(&c->switch_due, &due, 2, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-        int fd = rs_fd_enter(c);
-        rs_pre_switch(fd);                      /* a failure shows at the next call */
-        rs_fd_leave(c);
-        RS_SET(c->switch_due, 0);
-        return;
+    for (unsigned i = 0;; i++) {
+        uint8_t due = 1;
+        if (__atomic_compare_exchange_n(&c->switch_due, &due, 2, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            uint8_t h[RS_PRE_HDR];
+            put_header(h, RS_PRE_SWITCH, 0);
+            long n = 0;
+            int fd = rs_fd_enter(c);
+            while (c->switch_sent < RS_PRE_HDR) {
+                n = rs_sys_send(fd, h + c->switch_sent, RS_PRE_HDR - c->switch_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n > 0) c->switch_sent = (uint8_t)(c->switch_sent + n);
+                else if (n != -EINTR) break;
+            }
+            rs_fd_leave(c);
+            /* sent, or the socket failed (which shows at the next call) */
+            int done = c->switch_sent == RS_PRE_HDR || (n < 0 && n != -EAGAIN);
+            RS_SET(c->switch_due, done ? 0 : 1);
+            return done;
+        }
+        if (due == 0) return 1;
+        /* Another thread is in its non-blocking send: a few microseconds. */
+        if (i > 64) {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        }
+        if (i > 5000) return 0;
     }
-    /* Another thread is sending it: no byte of ours may overtake it.  Napping, not
-     * spinning: that send may wait for room on the socket (send_frame). */
-    struct timespec ts = { 0, 50000 };
-    while (RS_GET(c->switch_due) == 2) nanosleep(&ts, NULL);
 }
 
 /* Bytes waiting on the socket (up to a header's worth). */

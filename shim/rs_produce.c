@@ -126,6 +126,7 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         /* First: while the lock was let go (naps), another thread may have moved the
          * direction to TCP; no record may follow its MOVED record or RESYNC frame. */
         if (RS_GET(c->fb)) return -EAGAIN;              /* rs_send goes on by TCP */
+        rs_tx_switch(c);            /* the consumer reads no record of ours before our SWITCH */
         refresh_credit(c);
         if (tx_free(c) >= need) return 0;
         if (RS_GET(c->err)) return -RS_GET(c->err);

@@ -406,7 +406,7 @@ void rs_rdma_post_records(rs_conn *c)
 static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
 {
     struct rs_rdma *r = c->rdma;
-    rs_tx_switch(c);
+    if (!rs_tx_switch(c)) return;                     /* the next chance tries again */
     pthread_mutex_lock(&r->lock);                     /* never after a RESYNC frame's first byte */
     long n = r->silent ? 0 : rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     pthread_mutex_unlock(&r->lock);

@@ -2282,6 +2282,51 @@ static void t_pre_bell_behind_full_preamble(void)
     pair_close(&p);
 }
 
+/* A lazy client whose preamble filled its socket (the server has not read it yet) and
+ * that then reads: its SWITCH has no room.  The read must not wait for room (the server
+ * may read nothing until it has our reply): it takes what the ring has, keeps its timeout
+ * when there is nothing, and the SWITCH goes out at a later call once there is room, so
+ * the server then reads the client's records. */
+static void t_lazy_switch_behind_full_preamble(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    p.srv->rx.pre_lazy = 1;
+    rs_pre_switch_later(p.cli);
+    uint8_t frame[RS_PRE_HDR + 1];
+    put_pre_hdr(frame, RS_PRE_DATA, 1);
+    frame[RS_PRE_HDR] = 'p';
+    int n = 0;
+    for (;; n++) {
+        ssize_t r = send(p.fd[1], frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0) { CHECK(errno == EAGAIN, "send: %s", strerror(errno)); break; }
+        CHECK(r == (ssize_t)sizeof frame, "short send");
+        CHECK(n < 1000000, "socket never fills");
+    }
+    send_str(p.srv, "hello");                         /* the server writes before it reads */
+    char buf[64];
+    double t0 = now_ms();
+    ssize_t r = rs_recv(p.cli, buf, sizeof buf, 0, 2000);
+    double dt = now_ms() - t0;
+    CHECK(r == 5 && !memcmp(buf, "hello", 5) && dt < 1000, "the client's read returned %zd after %.0f ms; "
+          "errmsg \"%s\"", r, dt, rs_conn_errmsg(p.cli));
+    t0 = now_ms();
+    r = rs_recv(p.cli, buf, sizeof buf, 0, 200);
+    dt = now_ms() - t0;
+    CHECK(r == -EAGAIN && dt >= 150 && dt < 1000, "a read with a 200 ms timeout and nothing to read returned %zd "
+          "after %.0f ms", r, dt);
+    CHECK(p.cli->switch_due == 1, "set-up: the SWITCH should still be due (switch_due %d)", p.cli->switch_due);
+    /* the server reads the whole preamble; then the client's next write carries the SWITCH */
+    static char pre[1 << 20];
+    CHECK((size_t)n <= sizeof pre, "too many frames");
+    r = rs_recv(p.srv, pre, (size_t)n, RS_MSG_WAITALL, 5000);
+    CHECK(r == n, "the server read %zd of %d preamble bytes; errmsg \"%s\"", r, n, rs_conn_errmsg(p.srv));
+    send_str(p.cli, "x");
+    CHECK(p.cli->switch_due == 0, "the SWITCH did not go out with the first write after room came");
+    expect_str(p.srv, "x");
+    pair_close(&p);
+}
+
 /* A signal while rs_pre_send waits to finish a frame it has started: write_rest's
  * wait_event returns -EINTR and write_rest turns it into -EIO, leaving half a frame on
  * the stream.  The caller gets EIO for bytes the server will partly receive, and the
@@ -2478,6 +2523,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_switch_full_nonblocking", t_pre_switch_full_nonblocking },
     { "pre_bell_behind_full_preamble", t_pre_bell_behind_full_preamble },
     { "pre_send_signal", t_pre_send_signal },
+    { "lazy_switch_behind_full_preamble", t_lazy_switch_behind_full_preamble },
     { "sleep_signal_rules", t_sleep_signal_rules },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
