@@ -41,8 +41,17 @@ def _tx_stamps_asked(level, name, value):
         return False
     if isinstance(value, int):
         return bool(value & _SOF_TX_STAMPS)
-    raw = bytes(value)
+    try:
+        raw = bytes(value)
+    except TypeError:
+        return False                    # the kernel's own call reports what is wrong with it
     return len(raw) >= 4 and bool(struct.unpack_from("@i", raw)[0] & _SOF_TX_STAMPS)
+
+
+def _anc_tx_stamps_asked(ancdata):
+    """_tx_stamps_asked for sendmsg's control messages; malformed ones are left to the
+    kernel's call to reject, with its own error."""
+    return any(isinstance(item, tuple) and len(item) == 3 and _tx_stamps_asked(*item) for item in ancdata)
 _rs_send, _rs_recv = lib.rs_send, lib.rs_recv     # bound once: the per-call path stays short
 _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
 
@@ -638,7 +647,7 @@ class socket(_base):
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
         buffers, ancdata = list(buffers), list(ancdata)
         c = self._conn
-        if c is not None and any(_tx_stamps_asked(level, kind, data) for level, kind, data in ancdata):
+        if c is not None and _anc_tx_stamps_asked(ancdata):
             self._move_tx(c, "tx_timestamps", flags)
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address is not None else []))
         if ancdata or address is not None:

@@ -7,6 +7,9 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "rs_conn.h"
 #include "rs_sys.h"
 
@@ -67,6 +70,7 @@ rs_conn *rs_conn_alloc(void)
     void *p = NULL;
     if (posix_memalign(&p, 64, sizeof(rs_conn))) return NULL;
     memset(p, 0, sizeof(rs_conn));
+    ((rs_conn *)p)->rx.flags_unseen = 1;       /* until a front-end that sees fcntl says otherwise */
     return p;
 }
 
@@ -115,6 +119,13 @@ void rs_conn_free(rs_conn *c)
         rs_ring_memory_release(c->map_len);
     }
     free(c);
+}
+
+int rs_conn_app_nonblocking(rs_conn *c)
+{
+    if (!c->rx.flags_unseen) return 0;
+    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    return fl >= 0 && (fl & O_NONBLOCK);
 }
 
 const char *rs_conn_errmsg(const rs_conn *c) { return c->errmsg; }

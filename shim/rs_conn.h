@@ -65,6 +65,8 @@ struct rs_rx {
                                * consumed records may stay pending (no tidy system calls), and a
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
     uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
+    uint8_t  flags_unseen;    /* the program's fcntl calls are not seen (Python API): O_ASYNC is
+                               * looked up on the socket when going idle */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     uint64_t pre_bytes;       /* payload handed to the application from preamble frames */
     uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
@@ -142,6 +144,12 @@ struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 void     rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
+
+/* A front-end that does not see the program's fcntl calls (flags_unseen) learns of an
+ * O_NONBLOCK set on the descriptor behind its back only here, asked when an untimed call
+ * is about to wait: 1 if it must not wait.  (A timed call waits whatever the flag: the
+ * Python API, like CPython, keeps sockets with a timeout in O_NONBLOCK mode itself.) */
+int      rs_conn_app_nonblocking(rs_conn *c);
 
 /* rs_report.c: the socket's reports about the stream */
 void     rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);

@@ -402,7 +402,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
     /* A record the ring says is there, or activity a spin saw, that yields nothing (being
      * written, or a peer that only pretends to write) is looked at again at most twice,
      * then waited for by napping; once the deadline is reached, looked at once more. */
-    int fruitless = 0, last_look = 0;
+    int fruitless = 0, last_look = 0, looked_flags = 0;
     rs_lock(&c->rx.lock);
     for (;;) {
         size_t took = rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
@@ -440,6 +440,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
              * then as a reset. */
             return rs_tx_unread_at_peer(c) ? rs_conn_reset_once(c) : 0;
         }
+        if (!nonblock && deadline == RS_NEVER && !looked_flags++ && rs_conn_app_nonblocking(c)) nonblock = 1;
         if (!nonblock && fruitless <= 2 && !rs_passed(deadline)) {
             rs_unlock(&c->rx.lock);
             int found = spin_for_data(c, len - got, deadline, peek, got > 0);

@@ -134,8 +134,16 @@ static int go_idle(rs_conn *c, int check);
  * record is there after all (consume it, nothing was drained), 0 if the connection is
  * idle: want_bell is set and every doorbell byte sent before that moment has been read
  * off the socket. */
+static void bell_every_locked(rs_conn *c, int on);
+
 int rs_rx_go_idle_locked(rs_conn *c)
 {
+    if (c->rx.flags_unseen) {
+        /* Whether the program takes SIGIO: asked of the socket before each idle period,
+         * the only moment a doorbell could be missed for it. */
+        long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+        if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
+    }
     if (c->rdma) return c->rx.pre ? 0 : rs_rdma_go_idle(c);
     return go_idle(c, 1);
 }
@@ -226,9 +234,15 @@ static int go_idle(rs_conn *c, int check)
  * they are counted and drained like any other. */
 void rs_rx_bell_every(rs_conn *c, int on)
 {
-    if (c->rdma) { rs_rdma_bell_every(c, on); return; }
     rs_lock(&c->rx.lock);
+    bell_every_locked(c, on);
+    rs_unlock(&c->rx.lock);
+}
+
+static void bell_every_locked(rs_conn *c, int on)
+{
     c->rx.bell_every = (uint8_t)(on != 0);
+    if (c->rdma) { rs_rdma_bell_every(c, on); return; }
     if (c->rx.ctl && !c->rx.fb) {
         if (on) __atomic_store_n(&c->rx.ctl->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
         else {
@@ -237,7 +251,6 @@ void rs_rx_bell_every(rs_conn *c, int on)
                                         __ATOMIC_SEQ_CST);
         }
     }
-    rs_unlock(&c->rx.lock);
 }
 
 /* Before the application's close: the peer is told that no doorbell is wanted any more,

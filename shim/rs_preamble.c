@@ -282,7 +282,7 @@ ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
         rs_unlock(&c->rx.lock);
         if (r == RS_PRE_AGAIN) continue;
         if (r != -EAGAIN) return r;
-        if (nonblock) return -EAGAIN;
+        if (nonblock || (deadline == RS_NEVER && rs_conn_app_nonblocking(c))) return -EAGAIN;
         if (partial) {
             /* A partial header: frames are written whole, so the rest is in flight.  A
              * peer that never sends it is broken: bounded like a truncated handshake. */
@@ -319,7 +319,7 @@ ssize_t rs_tcp_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
         }
         if (r == 0) return (ssize_t)got;
         if (r != -EAGAIN) return got ? (ssize_t)got : r;
-        if (nonblock) return got ? (ssize_t)got : -EAGAIN;
+        if (nonblock || (deadline == RS_NEVER && rs_conn_app_nonblocking(c))) return got ? (ssize_t)got : -EAGAIN;
         int w = rs_sleep_fd(rs_fd_peek(c), POLLIN, deadline);
         if (w == 0) return got ? (ssize_t)got : -EAGAIN;
         if (w < 0) return got ? (ssize_t)got : w;

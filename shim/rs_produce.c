@@ -214,6 +214,7 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
             if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = skip + rs_rec_size(chunk); }
         }
         if (tx_free(c) < need) {
+            if (!nonblock && deadline == RS_NEVER && rs_conn_app_nonblocking(c)) nonblock = 1;
             if (nonblock) {
                 /* Full ring: only here is it worth a system call to learn that the peer
                  * is gone (a nonblocking writer would otherwise retry forever). */

@@ -526,16 +526,14 @@ void rs_rdma_check_peer(rs_conn *c)
     }
 }
 
-/* rs_rx_bell_every: the bit rides in want_seq, pushed now so the producer sees it. */
+/* rs_rx_bell_every (caller holds rx_lock): the bit rides in want_seq, pushed now so the
+ * producer sees it. */
 void rs_rdma_bell_every(rs_conn *c, int on)
 {
     struct rs_rdma *r = c->rdma;
-    rs_lock(&c->rx.lock);
-    c->rx.bell_every = (uint8_t)(on != 0);
     if (on) __atomic_fetch_or(&r->own->want_seq, RS_WANT_SEQ_EVERY, __ATOMIC_SEQ_CST);
     else __atomic_fetch_and(&r->own->want_seq, ~RS_WANT_SEQ_EVERY, __ATOMIC_SEQ_CST);
     if (!RS_GET(c->fb) && !RS_GET(c->err) && !RS_GET(c->tcp_eof)) sync_peer(c);
-    rs_unlock(&c->rx.lock);
 }
 
 /* Consumer found its ring empty: 1 if a record is there after all, 0 if idle (armed). */

@@ -255,6 +255,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     s->conn = c;
     int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
     c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
+    c->rx.flags_unseen = 0;                     /* the fcntl hook tells us (rs_sock_flags_seen) */
     if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
     s->forked = 0;                              /* made in this process: nobody else has the ring */
 }

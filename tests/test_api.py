@@ -454,6 +454,20 @@ def _plain_pair():
     return c, s
 
 
+def _plain_and_upgraded(pair, check):
+    """Runs check(client, server) on a plain pair, then on an upgraded one (returned)."""
+    c, s = _plain_pair()
+    try:
+        check(c, s)
+    finally:
+        c.close()
+        s.close()
+    c, s = pair()
+    assert (c.transport, s.transport) == ("shm", "shm")
+    check(c, s)
+    return c, s
+
+
 def _tcp_info(sock):
     import struct
     raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
@@ -521,13 +535,82 @@ def test_reports_of_the_stream_match_tcp(pair):
     timestamps and TCP_INQ the program asked for, and transmit timestamps come on the
     error queue (the connection moves to TCP for them, reason tx_timestamps): the same
     assertions hold for plain sockets and for an upgraded pair."""
-    c, s = _plain_pair()
-    try:
-        _stamp_reports(c, s)
-    finally:
-        c.close()
-        s.close()
-    c, s = pair()
-    assert (c.transport, s.transport) == ("shm", "shm")
-    _stamp_reports(c, s)
+    c, s = _plain_and_upgraded(pair, _stamp_reports)
     assert (c.transport, c.fallback_reason) == ("tcp", "tx_timestamps")
+
+
+_SIGIO_PROGRAM = r'''
+import fcntl, os, signal, socket, sys, time
+import rdmasock
+mod = rdmasock if sys.argv[1] == "api" else socket
+srv = mod.create_server(("127.0.0.1", 0))
+c = mod.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"hi")
+assert s.recv(2) == b"hi"
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGIO})
+fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
+fcntl.fcntl(s.fileno(), fcntl.F_SETFL, fcntl.fcntl(s.fileno(), fcntl.F_GETFL) | os.O_ASYNC | os.O_NONBLOCK)
+try:
+    s.recv(16)                                   # nothing there: the program goes idle
+except BlockingIOError:
+    pass
+while signal.sigtimedwait({signal.SIGIO}, 0):
+    pass
+counts = []
+for i in range(3):                               # three arrivals, none read in between
+    c.sendall(b"m%d" % i)
+    counts.append(signal.sigtimedwait({signal.SIGIO}, 2) is not None)
+data = b""
+end = time.monotonic() + 5
+while len(data) < 6 and time.monotonic() < end:
+    try:
+        data += s.recv(16)
+    except BlockingIOError:
+        time.sleep(0.01)
+print(sum(counts), data.decode(), getattr(s, "transport", "tcp"))
+'''
+
+
+def test_sigio_for_each_arrival_with_o_async_set_on_the_descriptor():
+    """A Python program sets O_ASYNC with fcntl on the socket's descriptor (the API does
+    not see that call): each arrival raises SIGIO, read or not, as over TCP."""
+    import subprocess
+    import sys
+    outs = {}
+    for mode in ("plain", "api"):
+        p = subprocess.run([sys.executable, "-c", _SIGIO_PROGRAM, mode], capture_output=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("RDMASOCK_")})
+        assert p.returncode == 0, p.stderr.decode()
+        outs[mode] = p.stdout.decode().split()
+    assert outs["plain"][:2] == ["3", "m0m1m2"], outs
+    assert outs["api"] == ["3", "m0m1m2", "shm"], outs
+
+
+def _nonblocking_behind_its_back(c, s):
+    os.set_blocking(s.fileno(), False)
+    with pytest.raises(BlockingIOError):
+        s.recv(16)
+    c.sendall(b"x")
+    for _ in range(500):
+        try:
+            assert s.recv(16) == b"x"
+            break
+        except BlockingIOError:
+            import time
+            time.sleep(0.01)
+    else:
+        pytest.fail("the byte never came")
+    os.set_blocking(c.fileno(), False)
+    sent = 0
+    with pytest.raises(BlockingIOError):
+        for _ in range(100000):                  # fills whatever buffers the connection has
+            sent += c.send(b"y" * 65536)
+    assert sent > 0
+
+
+def test_o_nonblock_set_on_the_descriptor_is_honoured(pair):
+    """os.set_blocking(fd, False) on the socket's descriptor, behind the socket object's
+    back: reads with nothing to read and writes with no room fail with EAGAIN at once, as
+    they do over TCP."""
+    _plain_and_upgraded(pair, _nonblocking_behind_its_back)

@@ -2229,6 +2229,23 @@ static void t_pre_switch_full_nonblocking(void)
     pair_close(&p);
 }
 
+/* Tiny preamble DATA frames ('p', one socket buffer each) until the client's socket fd
+ * is full; returns how many. */
+static int fill_with_preamble(int fd)
+{
+    uint8_t frame[RS_PRE_HDR + 1];
+    put_pre_hdr(frame, RS_PRE_DATA, 1);
+    frame[RS_PRE_HDR] = 'p';
+    int n = 0;
+    for (;; n++) {
+        ssize_t r = send(fd, frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0) { CHECK(errno == EAGAIN, "send: %s", strerror(errno)); break; }
+        CHECK(r == (ssize_t)sizeof frame, "short send");
+        CHECK(n < 1000000, "socket never fills");
+    }
+    return n;
+}
+
 /* The client's first doorbell goes out right after SWITCH, while its TCP socket may still
  * be full of preamble the server has not read: send_bell gets EAGAIN, takes the counter
  * back, but leaves want_bell at 0.  No doorbell is pending and none will be sent (the
@@ -2246,17 +2263,7 @@ static void t_pre_bell_behind_full_preamble(void)
 {
     struct pair p;
     pre_pair_open(&p, 4096);
-    /* tiny DATA frames (one socket buffer each) until the client's socket is full */
-    uint8_t frame[RS_PRE_HDR + 1];
-    put_pre_hdr(frame, RS_PRE_DATA, 1);
-    frame[RS_PRE_HDR] = 'p';
-    int n = 0;
-    for (;; n++) {
-        ssize_t r = send(p.fd[1], frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (r < 0) { CHECK(errno == EAGAIN, "send: %s", strerror(errno)); break; }
-        CHECK(r == (ssize_t)sizeof frame, "short send");
-        CHECK(n < 1000000, "socket never fills");
-    }
+    int n = fill_with_preamble(p.fd[1]);
     /* the server reads one frame: room for the SWITCH, none left after it */
     expect_recv_str(p.srv, 64, 0, 1000, "p");
     n--;
@@ -2293,16 +2300,7 @@ static void t_lazy_switch_behind_full_preamble(void)
     pre_pair_open(&p, 4096);
     p.srv->rx.pre_lazy = 1;
     rs_pre_switch_later(p.cli);
-    uint8_t frame[RS_PRE_HDR + 1];
-    put_pre_hdr(frame, RS_PRE_DATA, 1);
-    frame[RS_PRE_HDR] = 'p';
-    int n = 0;
-    for (;; n++) {
-        ssize_t r = send(p.fd[1], frame, sizeof frame, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (r < 0) { CHECK(errno == EAGAIN, "send: %s", strerror(errno)); break; }
-        CHECK(r == (ssize_t)sizeof frame, "short send");
-        CHECK(n < 1000000, "socket never fills");
-    }
+    int n = fill_with_preamble(p.fd[1]);
     send_str(p.srv, "hello");                         /* the server writes before it reads */
     char buf[64];
     double t0 = now_ms();
