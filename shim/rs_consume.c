@@ -440,7 +440,6 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
              * then as a reset. */
             return rs_tx_unread_at_peer(c) ? rs_conn_reset_once(c) : 0;
         }
-        if (!nonblock && deadline == RS_NEVER && !looked_flags++ && rs_conn_app_nonblocking(c)) nonblock = 1;
         if (!nonblock && fruitless <= 2 && !rs_passed(deadline)) {
             rs_unlock(&c->rx.lock);
             int found = spin_for_data(c, len - got, deadline, peek, got > 0);
@@ -448,6 +447,8 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             rs_lock(&c->rx.lock);
             if (found) continue;
         }
+        /* about to sleep: the program may have made the descriptor non-blocking */
+        if (!nonblock && deadline == RS_NEVER && !looked_flags++ && rs_conn_app_nonblocking(c)) nonblock = 1;
         int ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
         if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
         if (nonblock || rs_passed(deadline)) {
