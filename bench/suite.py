@@ -53,6 +53,7 @@ import json
 import os
 import platform
 import re
+import resource
 import select
 import shutil
 import statistics
@@ -76,7 +77,7 @@ PGBENCH = "/usr/bin/pgbench"
 REDIS_BENCHMARK = "/usr/bin/redis-benchmark"
 STREAM_SIZES = (64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 RDMA_PLACEHOLDER = "rdma: not measured here; the Soft-RoCE VM measures pingpong (bench/rdma_vm.py)"
-PINGPONG_COLUMNS = ["name", "placement", "median", "min", "max", "rtt_us", "vs_tcp_best", "vs_limit", "status"]
+PINGPONG_COLUMNS = ["name", "placement", "median", "min", "max", "rtt_us", "cpu_us", "vs_tcp_best", "vs_limit", "status"]
 TARGETS = {                                   # issue 5, "Targets on this 2-core machine kind"
     "pingpong_c_preload_rt_s": 1_000_000,
     "pingpong_c_preload_vs_tcp": 20.0,
@@ -129,18 +130,22 @@ class Row:
     def __init__(self, bench, name, placement, cpus, unit, baseline=False, rdmasock=False, **extra):
         self.d = {"bench": bench, "name": name, "placement": placement, "cpus": list(cpus) if cpus else None,
                   "unit": unit, "baseline": baseline, "rdmasock": rdmasock, "runs": [], "transport": [],
-                  "errors": []}
+                  "cpu_runs": [], "errors": []}
         self.d.update(extra)
 
-    def add(self, value, transport):
+    def add(self, value, transport, cpu_us=None):
         self.d["runs"].append(value)
         self.d["transport"].append(transport)
+        if cpu_us is not None:
+            self.d["cpu_runs"].append(cpu_us)
 
     def fail(self, err):
         self.d["errors"].append(str(err)[-800:])
 
     def finish(self):
         self.d.update(stats(self.d["runs"]))
+        if self.d["cpu_runs"]:
+            self.d["cpu_us"] = round(statistics.median(self.d["cpu_runs"]), 3)
         trs = set(self.d["transport"])
         if self.d["errors"]:
             self.d["status"] = "failed" if not self.d["runs"] else "partial"
@@ -272,14 +277,14 @@ def bench_pingpong(args, ctx):
             def fn(kind=kind, cpus=cpus):
                 addr = "0" if kind == "tcp" else os.path.join(work, "pp.sock")
                 v, _ = sock_pair(bins["sockbench"], kind, addr, cpus, False, "pingpong", 64, secs, None)
-                return v, kind
+                return v, kind, v * secs
             variants.append((Row("pingpong", label, pl, cpus, "rt/s", baseline=(kind == "tcp"), kind=kind), fn))
     if not args.tcp_only:
         for pl, cpus in places.items():
             def fn(cpus=cpus):
                 mark = S.log_size(log_file)
                 v, port = sock_pair(bins["sockbench"], "tcp", "0", cpus, True, "pingpong", 64, secs, log_file)
-                return v, verdict(log_file, mark, port)
+                return v, verdict(log_file, mark, port), v * secs
             variants.append((Row("pingpong", "rdmasock shm, C via LD_PRELOAD", pl, cpus, "rt/s", rdmasock=True,
                                  kind="preload"), fn))
     py_n = {}
@@ -290,9 +295,10 @@ def bench_pingpong(args, ctx):
 
             def fn(impl=impl, cpus=cpus, key=key):
                 ctx["seq"] += 1
-                v, tr = py_pair(impl, cpus, py_n[key], work, ctx["seq"])
+                n = py_n[key]
+                v, tr = py_pair(impl, cpus, n, work, ctx["seq"])
                 py_n[key] = max(1000, int(v * secs))         # next repetition runs ~secs
-                return v, tr
+                return v, tr, n
             label = "TCP (Python socket)" if impl == "tcp" else "rdmasock shm, Python API"
             variants.append((Row("pingpong", label, pl, cpus, "rt/s", rdmasock=(impl == "rdmasock"),
                                  kind="python-" + impl), fn))
@@ -321,10 +327,16 @@ def bench_pingpong(args, ctx):
                            TARGETS["pingpong_c_preload_vs_limit"], "%.2f")]
     elif not args.tcp_only:
         summary.append("no verified LD_PRELOAD row: targets not evaluated")
+    for pl in places:
+        cpu = {r["kind"]: r.get("cpu_us") for r in rows if r["placement"] == pl}
+        if cpu.get("tcp") and cpu.get("preload"):
+            summary.append("CPU per round trip [%s]: rdmasock C %.2f us vs TCP %.2f us (%.2fx)" % (
+                pl, cpu["preload"], cpu["tcp"], cpu["preload"] / cpu["tcp"]))
     vm = pingpong_vm(args)                   # after the host rows: the VM keeps both CPUs busy
     return {"rows": rows + vm["rows"], "summary": summary + vm["summary"], "targets": targets + vm["targets"],
             "columns": PINGPONG_COLUMNS,
-            "title": "64-byte ping-pong, round trips/s (host: %.1f s per repetition; rtt_us = 1e6 / median)" % secs}
+            "title": "64-byte ping-pong, round trips/s (host: %.1f s per repetition; rtt_us = 1e6 / median; cpu_us = "
+                     "CPU time, user + system, of both processes per round trip, start-up included)" % secs}
 
 
 def set_rtt(rows):
@@ -461,17 +473,27 @@ class RowGroup:
         return [row.finish() for row in self.rows.values()]
 
 
+def children_cpu_s():
+    """User + system CPU seconds of every child process waited for so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_variants(bench, variants, reps, fmt):
     """Runs every (row, fn) variant reps times, interleaved (rep 1 of all, then rep 2, ...);
-    fn() returns (value, transport).  A failed run is recorded in its row and the rest go on.
-    Returns the finished row dicts."""
+    fn() returns (value, transport) or (value, transport, operations): then the CPU time of
+    every process the run started and waited for (both ends, start-up included), per
+    operation, goes into the row's cpu_us.  A failed run is recorded in its row and the
+    rest go on.  Returns the finished row dicts."""
     prog = Progress(bench, len(variants) * reps)
     for rep in range(reps):
         for row, fn in variants:
             what = "rep %d %s [%s]" % (rep + 1, row.d["name"], row.d["placement"])
             try:
-                v, tr = fn()
-                row.add(v, tr)
+                cpu0 = children_cpu_s()
+                v, tr, *ops = fn()
+                cpu = children_cpu_s() - cpu0
+                row.add(v, tr, cpu * 1e6 / ops[0] if ops and ops[0] else None)
                 prog.step("%s: %s (%s)" % (what, fmt(v), tr))
             except Exception as e:               # noqa: BLE001 - a failed run is recorded, the suite goes on
                 row.fail(e)
