@@ -26,6 +26,9 @@ CDEF = """
 #define RS_TRANSPORT_RDMA ...
 const char *rs_reason_name(int code);
 const char *rs_reason_text(int code);
+int rs_config_count(void);
+const char *rs_config_name(int key);
+const char *rs_config_default(int key);
 struct rs_tx {
     uint64_t bytes;
     uint64_t records;

@@ -11,6 +11,37 @@ the local address of a listener).  An excluded endpoint stays plain TCP (reason
 import ipaddress
 import os
 
+_keys = None
+
+
+def keys():
+    """key -> (environment variable, default): the table of shim/rs_contract.h
+    (RS_CONFIG), keyed by the variable's name without its RDMASOCK_ prefix.  Read from
+    the compiled module on first use (`rdmasock doctor` imports this file even when that
+    module cannot be loaded, to say so)."""
+    global _keys
+    if _keys is None:
+        from ._native import ffi, lib
+        out = {}
+        for i in range(lib.rs_config_count()):
+            name = ffi.string(lib.rs_config_name(i)).decode()
+            out[name[len("RDMASOCK_"):]] = (name, ffi.string(lib.rs_config_default(i)).decode())
+        _keys = out
+    return _keys
+
+
+def env_name(key):
+    """The environment variable of a configuration key, e.g. "SPIN_US"."""
+    return keys()[key][0]
+
+
+def value(env, key):
+    """The key's value in env, its default when unset.  Set but empty is kept: for some
+    keys it means off (RDMASOCK_KEEPALIVE, RDMASOCK_TRANSPORTS)."""
+    name, default = keys()[key]
+    return env.get(name, default)
+
+
 _TRUE = {"1", "true", "yes", "on"}
 LOG_LEVELS = ("off", "error", "info", "debug")
 
@@ -18,23 +49,24 @@ LOG_LEVELS = ("off", "error", "info", "debug")
 class Config:
     def __init__(self, env=None):
         env = os.environ if env is None else env
-        self.disabled = env.get("RDMASOCK_DISABLE", "").lower() in _TRUE
-        self.transports = [t.strip() for t in env.get("RDMASOCK_TRANSPORTS", "shm,rdma").split(",") if t.strip()]
-        self.ring_size = _pow2(int(env.get("RDMASOCK_RING_SIZE", str(256 * 1024))))
-        self.spin_us = int(env.get("RDMASOCK_SPIN_US", "1000"))
-        self.log_file = env.get("RDMASOCK_LOG_FILE") or None
-        level = env.get("RDMASOCK_LOG_LEVEL", "info").lower()
-        self.log_level = LOG_LEVELS.index(level) if level in LOG_LEVELS else LOG_LEVELS.index("info")
-        self.handshake_timeout = float(env.get("RDMASOCK_HANDSHAKE_TIMEOUT", "5"))
-        self.include = _filters(env.get("RDMASOCK_INCLUDE", ""))
-        self.exclude = _filters(env.get("RDMASOCK_EXCLUDE", ""))
+        self.disabled = value(env, "DISABLE").lower() in _TRUE
+        self.transports = [t.strip() for t in value(env, "TRANSPORTS").split(",") if t.strip()]
+        self.ring_size = _pow2(int(value(env, "RING_SIZE")))
+        self.spin_us = int(value(env, "SPIN_US"))
+        self.log_file = value(env, "LOG_FILE") or None
+        level = value(env, "LOG_LEVEL").lower()
+        default_level = keys()["LOG_LEVEL"][1]
+        self.log_level = LOG_LEVELS.index(level if level in LOG_LEVELS else default_level)
+        self.handshake_timeout = float(value(env, "HANDSHAKE_TIMEOUT"))
+        self.include = _filters(value(env, "INCLUDE"))
+        self.exclude = _filters(value(env, "EXCLUDE"))
         # Older spelling, kept: a list of ports.
-        self.exclude += [(None, int(p)) for p in env.get("RDMASOCK_EXCLUDE_PORTS", "").split(",") if p.strip()]
+        self.exclude += [(None, int(p)) for p in value(env, "EXCLUDE_PORTS").split(",") if p.strip()]
         # Remote peers known to run rdmasock (no rendezvous reaches another host): a client
         # sends HELLO to a listed server, a server expects one from a listed client.
-        self.peers = _filters(env.get("RDMASOCK_PEERS", ""))
-        self.rdma_timeout = float(env.get("RDMASOCK_RDMA_TIMEOUT", "5"))
-        ka = [int(x) for x in env.get("RDMASOCK_KEEPALIVE", "10,2,3").split(",") if x.strip()]
+        self.peers = _filters(value(env, "PEERS"))
+        self.rdma_timeout = float(value(env, "RDMA_TIMEOUT"))
+        ka = [int(x) for x in value(env, "KEEPALIVE").split(",") if x.strip()]
         self.keepalive = tuple(ka) if len(ka) == 3 and ka[0] > 0 else None
 
     def listed_peer(self, host, port):

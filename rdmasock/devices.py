@@ -113,6 +113,21 @@ def memlock_needed(ring_bytes=None):
     return 2 * ring_bytes + 4096
 
 
+def _device_config(env):
+    """The RDMA device settings in env (none known while the compiled module, which holds
+    the configuration table, cannot be loaded: doctor says so elsewhere)."""
+    try:
+        names = [_config_name(k) for k in ("RDMA_DEVICE", "RDMA_PORT", "RDMA_GID_INDEX")]
+    except ImportError:
+        return {}
+    return {name: env.get(name) for name in names}
+
+
+def _config_name(key):
+    from . import config
+    return config.env_name(key)
+
+
 def _env_int(env, name):
     value = env.get(name, "").strip()
     if not value:
@@ -210,8 +225,7 @@ def rdma_report(probe_inline=True, ring_bytes=None, env=None):
         "pyverbs": {"available": False, "error": None},
         "memlock": memlock_limit(),
         "memlock_needed_per_connection": memlock_needed(ring_bytes),
-        "config": {k: env.get(k) for k in ("RDMASOCK_RDMA_DEVICE", "RDMASOCK_RDMA_PORT",
-                                           "RDMASOCK_RDMA_GID_INDEX")},
+        "config": _device_config(env),
         "devices": [],
         "selected": None,
         "usable": False,
@@ -273,6 +287,9 @@ def rdma_report(probe_inline=True, ring_bytes=None, env=None):
     except RdmaUnavailable as exc:
         rep["reason"] = str(exc)
         return rep
+    except ImportError as exc:           # the configuration table is in the compiled module
+        rep["reason"] = "the compiled data path cannot be loaded: %s" % exc
+        return rep
     sel = next(x for x in rep["devices"] if x["name"] == rep["selected"]["device"])
     if probe_inline and sel.get("max_inline_data") is None:
         rep["reason"] = "device %s: %s" % (sel["name"], sel.get("error"))
@@ -306,9 +323,9 @@ def choose(device=None, port=None, gid_index=None, env=None):
     if not ok:
         raise RdmaUnavailable("no_pyverbs", why)
     import pyverbs.device as d
-    device = device or env.get("RDMASOCK_RDMA_DEVICE", "").strip() or None
-    port = port if port is not None else _env_int(env, "RDMASOCK_RDMA_PORT")
-    gid_index = gid_index if gid_index is not None else _env_int(env, "RDMASOCK_RDMA_GID_INDEX")
+    device = device or env.get(_config_name("RDMA_DEVICE"), "").strip() or None
+    port = port if port is not None else _env_int(env, _config_name("RDMA_PORT"))
+    gid_index = gid_index if gid_index is not None else _env_int(env, _config_name("RDMA_GID_INDEX"))
     try:
         names = _device_names()
     except Exception as exc:

@@ -78,12 +78,16 @@ def probe_engine(lib_path, timeout=20):
 
 def main(_args=None):
     from . import __version__, devices
-    cfg = config.get()
+    try:
+        cfg = config.get()
+    except ImportError:                  # the compiled module is broken: said below
+        cfg = None
     pkg = package_dir()
     venv = _world.venv_dir(sys.executable)
     print("rdmasock %s in %s" % (__version__, pkg))
     print("python: %s (%s%s)" % (sys.version.split()[0], sys.executable, ", venv " + venv if venv else ""))
-    print("enabled:", "no (RDMASOCK_DISABLE)" if cfg.disabled else "yes", "| transports:", ",".join(cfg.transports))
+    if cfg is not None:
+        print("enabled:", "no (RDMASOCK_DISABLE)" if cfg.disabled else "yes", "| transports:", ",".join(cfg.transports))
     verbs = build_has_verbs()
     if isinstance(verbs, str):
         print("shm: NOT usable: the compiled data path cannot be loaded")

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import namedtuple
 
-from . import devices
+from . import config, devices
 from .devices import RdmaUnavailable
 
 PARAMS = struct.Struct(">4sBBBBHHIII16sQQQIIQII")
@@ -59,7 +59,6 @@ Completion = namedtuple("Completion", "wr_id status opcode byte_len")
 
 DEFAULT_SQ_DEPTH = 256
 DEFAULT_RQ_DEPTH = 16
-DEFAULT_INLINE = 256
 # RC timers: local ACK timeout 4.096 us * 2**14 = 67 ms, 7 retries, RNR retry "infinite" (7):
 # a peer that vanished without closing its QP is noticed after about half a second.
 ACK_TIMEOUT = 14
@@ -160,7 +159,7 @@ class Endpoint:
         self.psn = secrets.randbits(24)
         self.sq_depth = sq_depth
         self.ctx = _context(self.choice.device)
-        want_inline = max_inline if max_inline is not None else int(env.get("RDMASOCK_RDMA_INLINE", DEFAULT_INLINE))
+        want_inline = max_inline if max_inline is not None else int(config.value(env, "RDMA_INLINE"))
         try:
             self.pd = PD(self.ctx)
             self.cq = CQ(self.ctx, sq_depth + rq_depth + 1)

@@ -1,5 +1,5 @@
 /* rs_contract.h - what C and Python agree on, defined once: step results of the control
- * plane, roles, transports, fallback reasons and the statistics record.  Python reads all
+ * plane, roles, transports, fallback reasons, configuration keys and the statistics record.  Python reads all
  * of it through cffi (rdmasock/_build_native.py declares this header's names); no number
  * or layout here is written down a second time anywhere. */
 #ifndef RS_CONTRACT_H
@@ -49,6 +49,37 @@
     X(24, PEER_MOVED, "peer_moved", "the peer moved its direction of the stream to TCP (its log says why): ours followed") \
     X(25, SPLICE, "splice", "the program wrote to the socket with splice(), which the kernel does on the TCP socket: the connection went on over TCP") \
     X(26, TX_TIMESTAMPS, "tx_timestamps", "the program asked for transmit timestamps (SO_TIMESTAMPING), which the kernel makes on the TCP path: the connection went on over TCP")
+
+/* Configuration: the environment variables and their defaults (as text; empty: unset).
+ * C reads its few through rs_config_get, rdmasock/config.py all of them from this table;
+ * README "Configuration" explains each. */
+#define RS_CONFIG(X) \
+    X(DISABLE, "RDMASOCK_DISABLE", "") \
+    X(TRANSPORTS, "RDMASOCK_TRANSPORTS", "shm,rdma") \
+    X(RING_SIZE, "RDMASOCK_RING_SIZE", "262144") \
+    X(RING_MEMORY_MAX, "RDMASOCK_RING_MEMORY_MAX", "8589934592") \
+    X(SPIN_US, "RDMASOCK_SPIN_US", "1000") \
+    X(LOG_FILE, "RDMASOCK_LOG_FILE", "") \
+    X(LOG_LEVEL, "RDMASOCK_LOG_LEVEL", "info") \
+    X(HANDSHAKE_TIMEOUT, "RDMASOCK_HANDSHAKE_TIMEOUT", "5") \
+    X(INCLUDE, "RDMASOCK_INCLUDE", "") \
+    X(EXCLUDE, "RDMASOCK_EXCLUDE", "") \
+    X(EXCLUDE_PORTS, "RDMASOCK_EXCLUDE_PORTS", "") \
+    X(PEERS, "RDMASOCK_PEERS", "") \
+    X(KEEPALIVE, "RDMASOCK_KEEPALIVE", "10,2,3") \
+    X(RDMA_TIMEOUT, "RDMASOCK_RDMA_TIMEOUT", "5") \
+    X(RDMA_DEVICE, "RDMASOCK_RDMA_DEVICE", "") \
+    X(RDMA_PORT, "RDMASOCK_RDMA_PORT", "") \
+    X(RDMA_GID_INDEX, "RDMASOCK_RDMA_GID_INDEX", "") \
+    X(RDMA_INLINE, "RDMASOCK_RDMA_INLINE", "256")
+
+#define RS_CONFIG_ENUM(sym, name, dflt) RS_CFG_##sym,
+enum rs_config_key { RS_CONFIG(RS_CONFIG_ENUM) RS_CONFIG_COUNT };
+#undef RS_CONFIG_ENUM
+int         rs_config_count(void);
+const char *rs_config_name(int key);      /* NULL for an unknown key */
+const char *rs_config_default(int key);
+const char *rs_config_get(int key);       /* the environment's value, else the default */
 
 #define RS_REASON_ENUM(code, sym, name, text) RS_REASON_##sym = code,
 enum rs_reason { RS_REASONS(RS_REASON_ENUM) RS_REASON_COUNT };

@@ -26,7 +26,6 @@
  * (rdmasock/_native); in a preloaded process one maps a ring and the other may unmap it.
  * The preload exports its budget (rdmasock_ring_budget, shim/preload/rs_stats.c) and both
  * copies use that one; a process without the preload uses the module's own. */
-#define RS_RING_MEMORY_DEFAULT (8ull << 30)
 static struct rs_ring_budget own_budget, *budget_in_use;
 
 static struct rs_ring_budget *budget(void)
@@ -36,10 +35,11 @@ static struct rs_ring_budget *budget(void)
     b = dlsym(RTLD_DEFAULT, "rdmasock_ring_budget");
     if (!b) b = &own_budget;
     if (!__atomic_load_n(&b->max, __ATOMIC_RELAXED)) {
-        const char *v = getenv("RDMASOCK_RING_MEMORY_MAX");
+        const char *v = rs_config_get(RS_CFG_RING_MEMORY_MAX);
         char *end;
-        unsigned long long x = v && *v ? strtoull(v, &end, 10) : 0;
-        uint64_t m = x && v && !*end ? x : RS_RING_MEMORY_DEFAULT, zero = 0;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (!x || *end) x = strtoull(rs_config_default(RS_CFG_RING_MEMORY_MAX), NULL, 10);
+        uint64_t m = x, zero = 0;
         __atomic_compare_exchange_n(&b->max, &zero, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&budget_in_use, b, __ATOMIC_RELEASE);

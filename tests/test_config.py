@@ -77,3 +77,22 @@ def test_unwritable_log_file_runs_on(tmp_path):
             assert c.transport == "shm"
             c.close(); s.close()
     config.reload()
+
+
+def test_readme_documents_every_configuration_key_with_its_default():
+    """The configuration table (shim/rs_contract.h RS_CONFIG, read by C and Python) and the
+    README's table name the same variables, and each default there is the table's."""
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    rows = {}
+    for line in readme.splitlines():
+        if line.startswith("| `RDMASOCK_"):
+            cells = line.split(" | ")
+            for name in re.findall(r"`(RDMASOCK_[A-Z_]+)", cells[0]):
+                rows[name] = cells[-1]
+    table = dict(config.keys().values())
+    assert set(rows) == set(table), (sorted(set(rows) - set(table)), sorted(set(table) - set(rows)))
+    for name, default in table.items():
+        if default:
+            assert "`%s`" % default in rows[name] or rows[name].startswith(default), (name, default, rows[name])

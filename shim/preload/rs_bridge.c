@@ -40,8 +40,8 @@ static struct rs_pyworld world;  /* large: not on a hooked call's stack */
  * file the user asked for (never stdout/stderr). */
 static void log_unusable(const char *why)
 {
-    const char *path = getenv("RDMASOCK_LOG_FILE");
-    if (!path || !*path) return;
+    const char *path = rs_config_get(RS_CFG_LOG_FILE);
+    if (!*path) return;
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600);
     if (fd < 0) return;
     char line[4096];
@@ -55,17 +55,17 @@ static void log_unusable(const char *why)
     rs_real.close(fd);
 }
 
-static int env_true(const char *name)
+static int env_true(int key)
 {
-    const char *v = getenv(name);
-    return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
+    const char *v = rs_config_get(key);
+    return !strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on");
 }
 
 /* Under eng_lock.  1 when the engine is usable. */
 static int engine_load(void)
 {
     static char why[2048];
-    if (env_true("RDMASOCK_DISABLE")) return 0;             /* never start Python */
+    if (env_true(RS_CFG_DISABLE)) return 0;                 /* never start Python */
     /* A Python host of another minor version cannot share its interpreter with ours. */
     const char *(*host_version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     if (host_version && strncmp(host_version(), RS_PY_VERSION ".", strlen(RS_PY_VERSION) + 1)) {

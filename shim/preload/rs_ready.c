@@ -12,13 +12,12 @@
 #include "rs_preload.h"
 #include <stdlib.h>
 
-static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US, default 1000 us (adaptive below it) */
+static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US (adaptive below it) */
 static __thread uint64_t spin_cur = 1000000;
 
 __attribute__((constructor)) static void ready_init(void)
 {
-    const char *v = getenv("RDMASOCK_SPIN_US");
-    if (v && *v) spin_ns = strtoull(v, NULL, 10) * 1000u;
+    spin_ns = strtoull(rs_config_get(RS_CFG_SPIN_US), NULL, 10) * 1000u;
     spin_cur = spin_ns;
 }
 
