@@ -539,39 +539,6 @@ def test_reports_of_the_stream_match_tcp(pair):
     assert (c.transport, c.fallback_reason) == ("tcp", "tx_timestamps")
 
 
-_SIGIO_PROGRAM = r'''
-import fcntl, os, signal, socket, sys, time
-import rdmasock
-mod = rdmasock if sys.argv[1] == "api" else socket
-srv = mod.create_server(("127.0.0.1", 0))
-c = mod.create_connection(srv.getsockname())
-s, _ = srv.accept()
-c.sendall(b"hi")
-assert s.recv(2) == b"hi"
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGIO})
-fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
-fcntl.fcntl(s.fileno(), fcntl.F_SETFL, fcntl.fcntl(s.fileno(), fcntl.F_GETFL) | os.O_ASYNC | os.O_NONBLOCK)
-try:
-    s.recv(16)                                   # nothing there: the program goes idle
-except BlockingIOError:
-    pass
-while signal.sigtimedwait({signal.SIGIO}, 0):
-    pass
-counts = []
-for i in range(3):                               # three arrivals, none read in between
-    c.sendall(b"m%d" % i)
-    counts.append(signal.sigtimedwait({signal.SIGIO}, 2) is not None)
-data = b""
-end = time.monotonic() + 5
-while len(data) < 6 and time.monotonic() < end:
-    try:
-        data += s.recv(16)
-    except BlockingIOError:
-        time.sleep(0.01)
-print(sum(counts), data.decode(), getattr(s, "transport", "tcp"))
-'''
-
-
 def test_sigio_for_each_arrival_with_o_async_set_on_the_descriptor():
     """A Python program sets O_ASYNC with fcntl on the socket's descriptor (the API does
     not see that call): each arrival raises SIGIO, read or not, as over TCP."""
@@ -579,7 +546,8 @@ def test_sigio_for_each_arrival_with_o_async_set_on_the_descriptor():
     import sys
     outs = {}
     for mode in ("plain", "api"):
-        p = subprocess.run([sys.executable, "-c", _SIGIO_PROGRAM, mode], capture_output=True, timeout=60,
+        p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "sigio_program.py"), mode],
+                           capture_output=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if not k.startswith("RDMASOCK_")})
         assert p.returncode == 0, p.stderr.decode()
         outs[mode] = p.stdout.decode().split()

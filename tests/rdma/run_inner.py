@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
          "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
-         "sock_device_delete"]
+         "sock_device_delete", "api_sigio"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
 VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_dead_peer": _TWO,
            "sock_device_delete": "deletes an rdma link: only inside the throw-away VM",
@@ -143,6 +143,14 @@ def do_api_stream():
                    "RDMASOCK_TEST_EXAMPLES": "10", "RDMASOCK_TEST_MAX_WRITE": str(256 * 1024)})
     return run([[PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
                  os.path.join(os.path.dirname(HERE), "test_stream_property.py")]], 400, env)
+
+
+def do_api_sigio():
+    """O_ASYNC over rdma: the consumer asks for a doorbell after every posting (want_seq
+    bit 63), so each arrival raises SIGIO, read or not (tests/sigio_program.py)."""
+    ok, out = run([[PY, os.path.join(os.path.dirname(HERE), "sigio_program.py"), "api"]], 120,
+                  _lo_env({"RDMASOCK_TRANSPORTS": "rdma"}))
+    return ok and "3 m0m1m2 rdma" in out, out
 
 
 def do_api_two_hosts():
