@@ -1,5 +1,5 @@
 """Real servers for the program tests (tests/programs/) and the benchmarks (bench/suite.py,
-which bench/pgbench_demo.py and bench/programs.py go through, and bench/rdma_vm.py): PostgreSQL 15, redis-server and
+which bench/pgbench_demo.py goes through, and bench/rdma_vm.py): PostgreSQL 15, redis-server and
 `python3 -m http.server`, each started on 127.0.0.1 with a free port, optionally under
 `rdmasock run` (LD_PRELOAD), and stopped by PID.  Every wait here is bounded.
 

@@ -1168,7 +1168,7 @@ def parser():
 
 
 def parse_args(argv, prog="rdmasock bench"):
-    """Parsed and checked suite arguments (also for bench/pgbench_demo.py and bench/programs.py):
+    """Parsed and checked suite arguments (also for bench/pgbench_demo.py):
     exits with a message if a benchmark name is unknown, taskset is missing or, unless
     --tcp-only, the preload library is unusable."""
     ap = parser()

@@ -46,10 +46,10 @@ def _bench_script(name):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:             # everything after `bench` goes to the suite (options too)
-        rest = argv[1:]
-        if rest[:1] == ["core"]:
-            return subprocess.call([sys.executable, _bench_script("core.py")] + rest[1:])
-        return subprocess.call([sys.executable, _bench_script("suite.py")] + rest)
+        return subprocess.call([sys.executable, _bench_script("suite.py")] + argv[1:])
+    if argv[:1] == ["demo"]:              # the demo of scripts/demo.sh, on what this machine has
+        return subprocess.call([sys.executable, _bench_script("pgbench_demo.py"), "--reps", "3", "--duration", "8"]
+                               + argv[1:])
     ap = argparse.ArgumentParser(prog="rdmasock")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a command with rdmasock preloaded")
@@ -58,9 +58,9 @@ def main(argv=None):
     st = sub.add_parser("stat", help="connections of preloaded processes (like ss)")
     st.add_argument("--json", action="store_true")
     sub.add_parser("doctor", help="what this machine can use")
-    sub.add_parser("demo", help="ping-pong: TCP vs rdmasock")
-    b = sub.add_parser("bench", help="benchmark suite (bench/suite.py: pingpong, stream, redis, pgbench); "
-                                     "`bench core` runs the older bench/core.py")
+    sub.add_parser("demo", help="pgbench against PostgreSQL, TCP vs rdmasock (what scripts/demo.sh runs after "
+                                "setting the machine up)")
+    b = sub.add_parser("bench", help="benchmark suite (bench/suite.py: pingpong, stream, redis, pgbench, ...)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     if args.cmd == "doctor":
@@ -73,8 +73,7 @@ def main(argv=None):
     if args.cmd == "preload-path":
         print(preload_path())
         return 0
-    script = _bench_script("demo.py" if args.cmd == "demo" else "suite.py")
-    return subprocess.call([sys.executable, script] + getattr(args, "rest", []))
+    return 0                             # bench and demo were dispatched above
 
 
 if __name__ == "__main__":
