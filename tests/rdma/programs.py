@@ -444,11 +444,14 @@ def do_curl(a):
             pkts = check_roce(rx0, (a.mb << 20) // 4096)     # at least one packet per 4 KiB (the largest MTU)
             conns = check_rdma_log(slog, clog, server_addr, 1)
     except Exception:
-        try:
-            with open(os.path.join(workdir, "http.log"), errors="replace") as f:
-                say("http.server output (tail):\n" + "".join(f.readlines()[-20:]))
-        except OSError:
-            pass
+        # what each side saw (the rdmasock logs say which transport, when it moved and why)
+        for what, path in (("http.server output", os.path.join(workdir, "http.log")),
+                           ("server rdmasock log", slog), ("client rdmasock log", clog)):
+            try:
+                with open(path, errors="replace") as f:
+                    say("%s (tail):\n" % what + "".join(f.readlines()[-20:]))
+            except OSError:
+                pass
         raise
     finally:
         if srv is not None:
