@@ -82,6 +82,7 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t rs_rx_available(rs_conn *c);
 void rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);
 size_t rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *trunc);
+void rs_conn_sockopt_set(rs_conn *c);
 int rs_rx_ready(rs_conn *c);
 int rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
 struct rs_rdma_params {

@@ -792,8 +792,11 @@ class socket(_base):
         if self._conn is not None and optlen is None and _tx_stamps_asked(level, optname, value):
             self._move_tx(self._conn, "tx_timestamps")     # the kernel stamps only its own path
         if optlen is None:
-            return _base.setsockopt(self, level, optname, value)
-        return _base.setsockopt(self, level, optname, value, optlen)
+            _base.setsockopt(self, level, optname, value)
+        else:
+            _base.setsockopt(self, level, optname, value, optlen)
+        if self._conn is not None:
+            lib.rs_conn_sockopt_set(self._conn)            # receive options: asked again at the next recvmsg
 
     def getsockopt(self, *args):
         c = self._conn

@@ -69,6 +69,7 @@ struct rs_rx {
                                * looked up on the socket when going idle */
     uint32_t pre_left;        /* payload bytes left in the open preamble frame */
     uint64_t pre_bytes;       /* payload handed to the application from preamble frames */
+    uint8_t  anc_opts;        /* receive options the program set (rs_report.c), 0 unknown */
     uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
@@ -154,6 +155,7 @@ int      rs_conn_app_nonblocking(rs_conn *c);
 /* rs_report.c: the socket's reports about the stream */
 void     rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);
 size_t   rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *trunc);
+void     rs_conn_sockopt_set(rs_conn *c);       /* the program set an option: look again */
 long     rs_fd_recv(int fd, void *buf, size_t n, int flags);
 void     rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...);
 

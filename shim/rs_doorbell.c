@@ -38,23 +38,26 @@ void rs_tx_flush_bell(rs_conn *c)
     if (c->rdma) { rs_rdma_flush_bell(c); return; }
     struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
-    if (__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED) == RS_WANT_EVERY) {
-        /* The consumer's program learns of each arrival from a SIGIO, as over TCP. */
-        __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
-        send_bell(c, RS_BELL_DATA, &k->data_bells);
-        return;
+    uint32_t want = __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
+    if (!want) return;                                  /* a bell is pending */
+    /* RS_WANT_EVERY: the consumer's program learns of each arrival from a SIGIO, as over
+     * TCP, so every publication rings, spinning consumer or not; the request stays. */
+    if (want != RS_WANT_EVERY) {
+        if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
+            c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
+            return;                                     /* a spinning recv will absorb it */
+        want = __atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST);
+        if (!want) return;
+        if (want == RS_WANT_EVERY) {                    /* asked for meanwhile: it stays */
+            uint32_t none = 0;
+            __atomic_compare_exchange_n(&k->want_bell, &none, RS_WANT_EVERY, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        }
     }
-    if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
-        c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
-        return;                                         /* a spinning recv will absorb it */
-    if (!__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED)) return;   /* a bell is pending */
-    if (__atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST)) {
-        __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
-        /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
-         * consumer still wants one, so the next record tries again. */
-        if (!send_bell(c, RS_BELL_DATA, &k->data_bells))
-            __atomic_store_n(&k->want_bell, 1, __ATOMIC_SEQ_CST);
-    }
+    __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+    /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
+     * consumer still wants one, so the next record tries again. */
+    if (!send_bell(c, RS_BELL_DATA, &k->data_bells) && want != RS_WANT_EVERY)
+        __atomic_store_n(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
 }
 
 /* Consumer side: wake a producer blocked on a full ring (credit was just published).

@@ -60,16 +60,36 @@ static int sockopt_int(int fd, int level, int name)
  * when the bytes were taken from the ring, which is when they became the socket's; no
  * hardware saw them) and TCP_INQ (bytes left to read), in the kernel's order.  Returns
  * the bytes of ctl used; *trunc set when they did not all fit (MSG_CTRUNC). */
+enum { ANC_KNOWN = 1, ANC_NS = 2, ANC_US = 4, ANC_TS = 8, ANC_INQ = 16 };
+
+/* Which of them the program asked for: asked of the socket once, then kept until the
+ * program sets an option again (rs_conn_sockopt_set), so that a receive with a control
+ * buffer costs no system call. */
+static unsigned rx_options(rs_conn *c, int fd)
+{
+    unsigned o = __atomic_load_n(&c->rx.anc_opts, __ATOMIC_ACQUIRE);
+    if (o & ANC_KNOWN) return o;
+    int ts = sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMPING);
+    o = ANC_KNOWN | (sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMPNS) ? ANC_NS : 0) |
+        (sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMP) ? ANC_US : 0) |
+        ((ts & SOF_TIMESTAMPING_SOFTWARE) && (ts & SOF_TIMESTAMPING_RX_SOFTWARE) ? ANC_TS : 0) |
+        (sockopt_int(fd, IPPROTO_TCP, TCP_INQ) ? ANC_INQ : 0);
+    __atomic_store_n(&c->rx.anc_opts, (uint8_t)o, __ATOMIC_RELEASE);
+    return o;
+}
+
+void rs_conn_sockopt_set(rs_conn *c)
+{
+    __atomic_store_n(&c->rx.anc_opts, 0, __ATOMIC_RELEASE);
+}
+
 size_t rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *trunc)
 {
     size_t used = 0;
     *trunc = 0;
     if (!ctl || !room) return 0;
-    int ns = sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMPNS);
-    int us = !ns && sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMP);
-    int ts = sockopt_int(fd, SOL_SOCKET, SO_TIMESTAMPING);
-    ts = (ts & SOF_TIMESTAMPING_SOFTWARE) && (ts & SOF_TIMESTAMPING_RX_SOFTWARE);
-    int inq = sockopt_int(fd, IPPROTO_TCP, TCP_INQ);
+    unsigned o = rx_options(c, fd);
+    int ns = (o & ANC_NS) != 0, us = !ns && (o & ANC_US), ts = (o & ANC_TS) != 0, inq = (o & ANC_INQ) != 0;
     struct timespec now, stamps[3] = { { 0, 0 } };
     clock_gettime(CLOCK_REALTIME, &now);
     stamps[0] = now;

@@ -576,6 +576,7 @@ void rs_sock_flags_seen(struct rs_sock *s, int fl)
 /* The application set an option on the kernel socket (already done): what we mirror. */
 void rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len)
 {
+    if (s->conn) rs_conn_sockopt_set(s->conn);        /* receive options (timestamps, TCP_INQ) */
     if (level != SOL_SOCKET || (name != SO_RCVTIMEO && name != SO_SNDTIMEO) || !val || len < sizeof(struct timeval))
         return;
     const struct timeval *tv = val;

@@ -20,6 +20,17 @@ def free_port():
     return port
 
 
+def stop_process(proc, grace=10):
+    """Ends a process this test started, by its PID: SIGTERM, then SIGKILL after grace s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def wait_for(pred, timeout=10.0, interval=0.01):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -495,6 +495,8 @@ def _stamp_reports(c, s):
     assert after_c["data_segs_out"] - before_c["data_segs_out"] >= 20
     assert after_s["data_segs_in"] - before_s["data_segs_in"] >= 20 and after_s["segs_in"] > before_s["segs_in"]
 
+    c.sendall(b"z")                              # asked for nothing yet: no ancillary data
+    assert s.recvmsg(1, 1024)[:2] == (b"z", [])
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     s.setsockopt(socket.IPPROTO_TCP, TCP_INQ, 1)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, SOF_RX_SOFTWARE | SOF_SOFTWARE)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, stop_process
 
 RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,16 +73,6 @@ def _wait_listening(port, proc):
     pytest.fail("iperf3 -s did not listen on %d" % port)
 
 
-def _stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def _lines(log, role, port):
     return [l for l in open(log).read().splitlines() if "role=%s " % role in l and ":%d " % port in l + " "]
 
@@ -115,7 +105,7 @@ def test_memcached_threaded_clients(tmp_path, proxy):
         assert r.stdout.startswith(b"errors 0 ") and not r.stderr, (r.stdout, r.stderr)
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_process(p)
     last = {}                                    # a connection's last line says where it ended
     for line in _lines(log, "client", port):
         last[line.split(" local=")[1].split()[0]] = line
@@ -149,7 +139,7 @@ def test_iperf3_streams(tmp_path, mode):
         assert 0 < got <= sent, (sent, got)      # iperf3 counts what arrived before the end (TCP too)
         srv.wait(20)
     finally:
-        _stop(srv)
+        stop_process(srv)
     lines = [l for l in open(log).read().splitlines() if "role=client" in l and ":%d " % port in l + " "]
     streams = {"parallel": 4, "bidir": 2}.get(mode, 1)
     assert len(lines) == 1 + streams and all("transport=shm" in l for l in lines), lines   # control + data
