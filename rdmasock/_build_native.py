@@ -9,9 +9,8 @@ import cffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SOURCES = ["shim/rs_contract.c", "shim/rs_wait.c", "shim/rs_conn.c", "shim/rs_shm.c", "shim/rs_produce.c", "shim/rs_consume.c", "shim/rs_doorbell.c",
-           "shim/rs_preamble.c",
-           "shim/rs_rdma.c", "shim/rs_fallback.c", "shim/rs_report.c"]
+# Every file of the data path (shim/rs_*.c), the same set the preload library links.
+SOURCES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "shim", "rs_*.c")))
 
 CDEF = """
 #define RS_STEP_PENDING ...

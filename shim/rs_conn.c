@@ -1,4 +1,5 @@
-/* rs_conn.c - connection set-up and teardown on top of a mapped segment. */
+/* rs_conn.c - what every connection has, whatever its transport: its socket, its
+ * sticky error, its allocation and its end. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
@@ -28,7 +29,7 @@ void rs_conn_after_fork_child(rs_conn *c)
 {
     c->fd_users = 0;
     c->rx.lock.v = c->tx.lock.v = 0;
-    rs_rdma_after_fork_child(c);
+    c->ops->after_fork_child(c);
 }
 
 long rs_c_send(rs_conn *c, const void *b, size_t n, int flags)
@@ -71,49 +72,14 @@ rs_conn *rs_conn_alloc(void)
     if (posix_memalign(&p, 64, sizeof(rs_conn))) return NULL;
     memset(p, 0, sizeof(rs_conn));
     ((rs_conn *)p)->rx.flags_unseen = 1;       /* until a front-end that sees fcntl says otherwise */
+    ((rs_conn *)p)->ops = &rs_transport_tcp;   /* until a ring transport attaches */
     return p;
-}
-
-/* A connection without rings: the server declined, but the client's preamble frames must
- * still be unwrapped before the stream is plain TCP again. */
-rs_conn *rs_conn_new_tcp(int fd)
-{
-    rs_conn *c = rs_conn_alloc();
-    if (!c) return NULL;
-    c->fd = fd;
-    c->rx.pre = 1;
-    return c;
-}
-
-/* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
- * header, which is never read again for them).  The server consumes ring 0 and produces
- * into ring 1; the client the other way round. */
-rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
-{
-    struct rs_seg_hdr *h = seg->base;
-    rs_conn *c = rs_conn_alloc();
-    if (!c) return NULL;
-    c->fd = fd;
-    c->ring_size = seg->ring_size;
-    c->mask = seg->ring_size - 1;
-    c->max_payload = rs_max_payload(seg->ring_size);
-    c->salt = seg->salt;
-    uint8_t *ring0 = (uint8_t *)seg->base + RS_SEG_HDR_SIZE, *ring1 = ring0 + seg->ring_size;
-    int rx_dir = is_server ? RS_DIR_C2S : RS_DIR_S2C;
-    c->rx.ctl = &h->dir[rx_dir];
-    c->tx.ctl = &h->dir[1 - rx_dir];
-    c->rx.ring = rx_dir == RS_DIR_C2S ? ring0 : ring1;
-    c->tx.ring = rx_dir == RS_DIR_C2S ? ring1 : ring0;
-    c->spin_ns = c->rx.spin_cur = spin_ns;
-    c->map_base = seg->base;
-    c->map_len = seg->len;
-    return c;
 }
 
 void rs_conn_free(rs_conn *c)
 {
     if (!c) return;
-    rs_rdma_free(c);
+    c->ops->free(c);
     if (c->map_base) {
         munmap(c->map_base, c->map_len);
         rs_ring_memory_release(c->map_len);

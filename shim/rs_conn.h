@@ -13,6 +13,7 @@
 #include "rs_wire.h"
 #include "rs_contract.h"
 #include "rs_rdma.h"
+#include "rs_transport.h"
 #include "rs_wait.h"
 #include "rs_lock.h"
 
@@ -74,7 +75,7 @@ struct rs_rx {
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
     uint32_t suspect_lw, suspect_footer;
-    uint32_t spin_cur;        /* current adaptive spin budget, <= spin_ns */
+    struct rs_spin spin;      /* spin-then-block budget of a receive, at most spin_ns (rs_wait.h) */
     uint64_t records, sleeps;
     /* rdma fallback (rs_fallback.c) */
     uint8_t  fb;              /* 0 ring, 1 doorbells before the frame, 2 frame, 3 repeat, 4 plain TCP */
@@ -104,10 +105,11 @@ struct rs_conn {
     uint8_t  switch_sent;     /* bytes of that SWITCH frame on the socket so far */
     char     errmsg[RS_ERRMSG_LEN];
 
+    const struct rs_transport *ops;   /* how records travel (rs_transport.h) */
     /* memory owned by this connection: the shm mapping, or the rdma rings and words */
     void    *map_base;
     size_t   map_len;
-    struct rs_rdma *rdma;     /* rdma transport state (rs_rdma.c), NULL for shm */
+    struct rs_rdma *rdma;     /* the rdma transport's own state (rs_rdma.c only) */
     uint64_t bells_sent;      /* doorbell bytes sent (both directions; relaxed atomic) */
 
     struct rs_tx tx;
@@ -139,10 +141,7 @@ long     rs_c_send(rs_conn *c, const void *b, size_t n, int flags);
 long     rs_c_recv(rs_conn *c, void *b, size_t n, int flags);
 int      rs_c_poll(rs_conn *c, short events, int timeout_ms, short *revents);
 int      rs_c_sockerr(rs_conn *c);
-rs_conn *rs_conn_new_tcp(int fd);
-/* A mapped shm segment, as rs_shm_map found and checked it. */
-struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
-rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
+rs_conn *rs_conn_alloc(void);
 void     rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
 
@@ -169,6 +168,7 @@ int      rs_tx_writable(rs_conn *c);
 int      rs_tx_writable_locked(rs_conn *c);
 int      rs_tx_stalled(rs_conn *c);
 int      rs_tx_unread_at_peer(rs_conn *c);
+int      rs_tx_credit_unread(rs_conn *c);
 int      rs_conn_reset_once(rs_conn *c);
 void     rs_tx_put_moved(rs_conn *c);
 
@@ -179,7 +179,16 @@ int      rs_rx_reach_tcp(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
 int      rs_rx_ready_locked(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
-void     rs_rx_publish_credit(rs_conn *c, int force);
+/* Returns consumed ring bytes to the producer (caller holds rx_lock): every quarter ring,
+ * when the producer waits for them, or (force) whenever any are unpublished. */
+static inline void rs_rx_publish_credit(rs_conn *c, int force) { c->ops->publish_credit(c, force); }
+/* A credit value from the consumer, which it may set to anything: taken only if it is a
+ * record boundary between the last credit and what we wrote; anything else is ignored,
+ * and the writer waits for credit as long as its timeout lets it. */
+static inline void rs_take_credit(rs_conn *c, uint64_t head)
+{
+    if (head > c->tx.head_seen && head <= c->tx.pos && !(head & 7)) c->tx.head_seen = head;
+}
 uint64_t rs_rx_produced(rs_conn *c);
 
 /* rs_preamble.c: client bytes sent before the server's answer travel as TCP frames */
@@ -212,7 +221,11 @@ ssize_t  rs_tcp_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_m
 int      rs_peer_shares_cpu(rs_conn *c);
 
 /* rs_doorbell.c */
-void     rs_ring_bell(rs_conn *c, struct rs_dir_ctl *ctl, uint64_t *counter, uint8_t kind);
+int      rs_bell_send(rs_conn *c, uint8_t kind);
+long     rs_bell_scan(const uint8_t *buf, long n, int *next, uint64_t *kinds);
+void     rs_bell_garbage(rs_conn *c, int byte);
+int      rs_bell_read_result(rs_conn *c, long n);
+void     rs_note_sock_error(rs_conn *c, int e);
 int      rs_rx_go_idle(rs_conn *c);
 int      rs_rx_go_idle_locked(rs_conn *c);
 int      rs_rx_nonblock_empty(rs_conn *c);
@@ -228,12 +241,14 @@ int      rs_tx_arm_credit_locked(rs_conn *c);
  * TCP, which buffers far more (rs_fallback.c): two programs that both write before they
  * read then go on as they would over TCP instead of waiting for each other forever. */
 #define RS_STALL_NS 500000000ull
+/* How long a close waits for doorbell bytes still in flight to it (rs_quiesce_bells). */
+#define RS_QUIESCE_NS 20000000ull
 
-/* 1 once this side's receive direction reads the TCP socket: after an rdma failure at
- * once, after a move only from the peer's MOVED record on. */
+/* 1 once this side's receive direction reads the TCP socket: after a transport failure
+ * that may have lost records at once, after a move only from the peer's MOVED record on. */
 static inline int rs_rx_on_tcp(rs_conn *c)
 {
-    return c->rdma ? RS_GET(c->fb) : __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) != 0;
+    return c->ops->lossy_failure ? RS_GET(c->fb) : __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) != 0;
 }
 
 /* rs_fallback.c */
@@ -250,11 +265,17 @@ int      rs_fb_tx_pending(rs_conn *c);
 int      rs_fb_finish_tx(rs_conn *c, int timeout_ms);
 void     rs_fb_shutdown(rs_conn *c);
 long     rs_fb_rx_available(rs_conn *c);
-rs_conn *rs_conn_alloc(void);
+
+/* rs_tcp.c */
+rs_conn *rs_conn_new_tcp(int fd);
 
 /* rs_shm.c */
+/* A mapped shm segment, as rs_shm_map found and checked it. */
+struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };
+rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns);
 int      rs_shm_create(uint32_t ring_size, uint64_t salt, size_t *len_out);
 int      rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
+/* rs_ring_budget.c */
 struct rs_ring_budget { uint64_t used, max; };
 int      rs_ring_memory_reserve(size_t n);      /* -ENOBUFS over RDMASOCK_RING_MEMORY_MAX */
 void     rs_ring_memory_release(size_t n);

@@ -19,13 +19,14 @@ struct cursor { uint64_t pos, seq; uint32_t cur_len, cur_off; };
 
 static inline uint32_t *word_at(rs_conn *c, uint64_t pos) { return (uint32_t *)(c->rx.ring + (pos & c->mask)); }
 
-/* rdma: a NIC may make a packet's bytes visible in any order (Soft-RoCE under emulation
- * copies byte by byte), so a record can look wrong for an instant.  It is corrupt only if
- * it still looks exactly the same 50 ms later; shm stores are atomic, so there it is now. */
+/* A NIC may make a packet's bytes visible in any order (Soft-RoCE under emulation copies
+ * byte by byte), so over such a transport (torn_records) a record can look wrong for an
+ * instant.  It is corrupt only if it still looks exactly the same 50 ms later; a
+ * producer's own stores (shm) are ordered, so there it is corrupt now. */
 #define RS_SUSPECT_NS 50000000ull
 static int confirmed_corrupt(rs_conn *c, const struct cursor *cur, uint32_t lw, uint32_t f)
 {
-    if (!c->rdma) return 1;
+    if (!c->ops->torn_records) return 1;
     if (RS_GET(c->fb)) return 0;        /* a WRITE cut short by the failure: the resend has the record */
     uint64_t now = rs_now_ns();
     if (c->rx.suspect_pos != cur->pos + 1 || c->rx.suspect_lw != lw || c->rx.suspect_footer != f) {
@@ -76,25 +77,6 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     }
     *lw_out = lw;
     return 1;
-}
-
-/* Returns the consumed ring bytes to the producer: every quarter ring, when the producer
- * is blocked, or (force) before going idle. */
-void rs_rx_publish_credit(rs_conn *c, int force)
-{
-    if (c->rdma) { rs_rdma_publish_credit(c, force); return; }
-    struct rs_dir_ctl *k = c->rx.ctl;
-    uint64_t lag = c->rx.pos - c->rx.head_pub;
-    if (!lag && !force) return;
-    if (!force && lag < c->ring_size / 4 && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
-    if (lag) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_sfence();                 /* the re-zeroing is visible before the credit */
-#endif
-        __atomic_store_n(&k->head, c->rx.pos, __ATOMIC_RELEASE);
-        c->rx.head_pub = c->rx.pos;
-    }
-    rs_ring_bell(c, k, &k->credit_bells, RS_BELL_CREDIT);
 }
 
 /* Copies up to len payload bytes out of the ring (caller holds rx_lock).  With peek,
@@ -243,7 +225,7 @@ static int pre_ready(rs_conn *c)
 }
 
 /* Payload bytes the producer has made available so far (a mark for edge-triggered
- * readiness): shm shares the producer's counter, rdma counts what has landed. */
+ * readiness): what was delivered plus what has landed in the ring. */
 uint64_t rs_rx_produced(rs_conn *c)
 {
     if (!c->rx.ring) return 0;
@@ -277,8 +259,6 @@ static ssize_t ring_available(rs_conn *c)
     return (ssize_t)total;
 }
 
-/* Adaptive spin: a budget that halves when spinning found nothing and grows back when it
- * did, so two processes sharing one CPU quickly stop burning each other's time slice. */
 int rs_peer_shares_cpu(rs_conn *c)
 {
     if (!c->rx.ctl) return 0;
@@ -286,7 +266,8 @@ int rs_peer_shares_cpu(rs_conn *c)
     return peer && peer == (unsigned)sched_getcpu() + 1u;
 }
 
-/* 1 found, 0 not, -EINTR: a signal during the spin ended the call (rs_spin_pause). */
+/* Spins for up to the connection's budget (rs_spin, rs_wait.h).  1 found, 0 not, -EINTR:
+ * a signal during the spin ended the call (rs_spin_pause). */
 static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek, int progress)
 {
     if (!c->spin_ns || rs_peer_shares_cpu(c)) return 0;
@@ -301,8 +282,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
         __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
-    uint32_t budget = __atomic_load_n(&c->rx.spin_cur, __ATOMIC_RELAXED);
-    uint64_t now0 = rs_now_ns(), end = now0 + budget;
+    uint64_t now0 = rs_now_ns(), end = now0 + rs_spin_allow(&c->rx.spin);
     end = rs_earlier(end, deadline_ns);
     struct rs_sigwait sw = { 0 };
     int found = 0;
@@ -320,9 +300,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
     int sig = found ? (rs_sigwait_end(&sw), 1)
                     : rs_spin_done(&sw, deadline_ns == RS_NEVER && !progress ? RS_SIG_RESTART : RS_SIG_EINTR);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */
-    if (found) budget = budget * 2 > c->spin_ns ? c->spin_ns : budget * 2;
-    else if (budget > c->spin_ns / 64 + 500) budget /= 2;
-    __atomic_store_n(&c->rx.spin_cur, budget, __ATOMIC_RELAXED);
+    rs_spin_result(&c->rx.spin, found);
     return sig < 0 ? sig : found;
 }
 

@@ -8,13 +8,16 @@
  * moves to the socket without losing or doubling a byte, each direction on its own
  * (docs/PROTOCOL.md 6.8, 9.10).
  *
- * shm: the producer writes a MOVED record (its ring keeps 8 bytes for one control
+ * Whether records in flight can be lost is the transport's property (lossy_failure); the
+ * rest of this file is the same for every transport.
+ *
+ * Reliable (shm): the producer writes a MOVED record (its ring keeps 8 bytes for one control
  * record), then a RESYNC frame naming the stream offset right after it, and from then on
  * writes to the socket.  The consumer reads its ring up to the MOVED record, then the
  * socket: doorbell bytes, the frame, the stream.  It notices the move only there, in
  * order, so its own ring direction keeps going until the peer's MOVED record arrives.
  *
- * rdma:
+ * Lossy (rdma):
  *
  *   producer: stops posting, writes a RESYNC frame naming B, the stream offset of the
  *     oldest record the consumer has not handed back as credit, then resends the payload
@@ -83,10 +86,10 @@ static void put_frame(rs_conn *c, uint64_t resume)
     c->tx.fb_out_sent = 0;
 }
 
-/* shm (caller holds tx_lock): every byte so far is in the peer's ring, in order, ending
- * with the MOVED record, so the frame resumes right after the last of them.  After a FIN
- * or RESET record the direction is over: nothing moves. */
-static void tx_start_shm(rs_conn *c)
+/* Reliable transport (caller holds tx_lock): every byte so far is in the peer's ring, in
+ * order, ending with the MOVED record, so the frame resumes right after the last of them.
+ * After a FIN or RESET record the direction is over: nothing moves. */
+static void tx_start_at_moved(rs_conn *c)
 {
     if (!c->tx.fin_sent) {
         rs_tx_put_moved(c);
@@ -97,10 +100,11 @@ static void tx_start_shm(rs_conn *c)
     update_done(c);
 }
 
-/* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend. */
+/* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend: over
+ * a lossy transport, of every record the consumer has not credited. */
 static void tx_start(rs_conn *c)
 {
-    if (!c->rdma) { tx_start_shm(c); return; }
+    if (!c->ops->lossy_failure) { tx_start_at_moved(c); return; }
     uint64_t pos = c->tx.head_seen, unacked = 0;
     while (pos < c->tx.pos) {
         uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
@@ -108,7 +112,7 @@ static void tx_start(rs_conn *c)
         if (lw < RS_LEN_CTL_MIN) unacked += lw;
         pos += rs_rec_size(lw);
     }
-    rs_rdma_silence(c);                            /* no doorbell byte may follow the frame */
+    c->ops->silence(c);                            /* no doorbell byte may follow the frame */
     put_frame(c, c->tx.bytes - unacked);
     c->tx.fb_resend_pos = c->tx.head_seen;
     c->tx.fb_resend_end = c->tx.pos;
@@ -269,15 +273,15 @@ static int rx_resync_locked(rs_conn *c)
         long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) return RESYNC_EOF;                     /* the peer died before writing it */
         if (n < 0) return n == -EAGAIN ? 0 : n == -ECONNRESET ? RESYNC_EOF : (int)n;
-        long k = 0;
-        while (k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT)) k++;
+        int next;
+        long k = rs_bell_scan(buf, n, &next, NULL);
         if (k) {
             rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);   /* exactly the bells peeked */
             c->rx.bells_drained += (uint64_t)k;
         }
-        if (k == n) continue;
-        if (buf[k] != RS_BELL_RESYNC) {
-            rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x before the peer's RESYNC frame", buf[k]);
+        if (next < 0) continue;
+        if (next != RS_BELL_RESYNC) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x before the peer's RESYNC frame", next);
             return -EPROTO;
         }
         c->rx.fb = RX_FRAME;
@@ -330,11 +334,11 @@ static int rx_resync(rs_conn *c)
     return c->rx.fb == RX_PLAIN ? 1 : rx_resync_locked(c);
 }
 
-/* rdma: the ring has nothing more for us, from here on only the socket (caller decided).
- * shm leaves its ring at the peer's MOVED record (rs_fb_rx_moved). */
+/* A lossy transport failed: the ring has nothing more for us, from here on only the socket
+ * (caller decided).  Otherwise the ring is left at the peer's MOVED record (rs_fb_rx_moved). */
 static void rx_leave_ring(rs_conn *c)
 {
-    if (c->rx.fb == RX_RING && c->rdma) c->rx.fb = RX_BELLS;
+    if (c->rx.fb == RX_RING && c->ops->lossy_failure) c->rx.fb = RX_BELLS;
 }
 
 /* The consumer took the peer's MOVED record (caller holds rx_lock): the rest of this

@@ -27,15 +27,7 @@ static inline uint64_t tx_free(rs_conn *c)
     return (uint64_t)c->ring_size - 8 - (c->tx.pos - c->tx.head_seen);
 }
 
-/* The credit the consumer returned (its `head`, which the peer may set to anything): taken
- * only if it is a record boundary between the last credit and what we wrote; anything else
- * is ignored, and the writer waits for credit as long as its timeout lets it. */
-static inline void refresh_credit(rs_conn *c)
-{
-    if (c->rdma) { rs_rdma_refresh_credit(c); return; }
-    uint64_t head = __atomic_load_n(&c->tx.ctl->head, __ATOMIC_ACQUIRE);
-    if (head > c->tx.head_seen && head <= c->tx.pos && !(head & 7)) c->tx.head_seen = head;
-}
+static inline void refresh_credit(rs_conn *c) { c->ops->refresh_credit(c); }
 
 static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32_t n)
 {
@@ -61,11 +53,12 @@ void rs_tx_put_moved(rs_conn *c)
 
 /* Caller holds tx_lock and found the ring full.  1 if the consumer has returned no credit
  * for RS_STALL_NS since the ring was first found full: the connection then moves to TCP
- * (rs_fallback.c), as a shm ring holds far less than the kernel's socket buffers.  rdma
- * rings do not move: their consumer's credit comes by RDMA READ, and a move is one-way. */
+ * (rs_fallback.c), as a ring holds far less than the kernel's socket buffers.  Only
+ * transports that say so (stall_moves: shm) move; an rdma consumer's credit comes by RDMA
+ * READ and a slow one is not a stalled one. */
 int rs_tx_stalled(rs_conn *c)
 {
-    if (c->rdma || c->tx.fin_sent) return 0;
+    if (!c->ops->stall_moves || c->tx.fin_sent) return 0;
     uint64_t now = rs_now_ns();
     if (!c->tx.stall_since || c->tx.stall_head != c->tx.head_seen) {
         c->tx.stall_head = c->tx.head_seen;
@@ -81,7 +74,7 @@ int rs_tx_stalled(rs_conn *c)
  * it reset the connection and nobody was told yet (ECONNRESET, once). */
 static int peer_gone(rs_conn *c)
 {
-    if (c->rdma && !RS_GET(c->err)) rs_rdma_check_peer(c);     /* its failure byte: it went on by TCP */
+    if (!RS_GET(c->err)) c->ops->check_peer(c);                /* its RESYNC frame: it went on by TCP */
     if (RS_GET(c->fb) && !RS_GET(c->err)) return -EAGAIN;       /* a RESYNC frame came first: rs_send goes on by TCP */
     if (RS_GET(c->err)) return -RS_GET(c->err);
     if (RS_GET(c->rx.peer_reset) && rs_conn_reset_once(c)) return -ECONNRESET;
@@ -153,7 +146,7 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         rs_lock(&c->tx.lock);
         if (w < 0) return w;
         if (backoff_us < 1000) backoff_us *= 2;
-        if (c->rdma) rs_rdma_check_peer(c);            /* a RESYNC frame? */
+        c->ops->check_peer(c);                         /* a RESYNC frame? */
         rs_peer_gone(c);
     }
 }
@@ -272,22 +265,21 @@ int rs_send_fin(rs_conn *c) { return send_end(c, RS_LEN_FIN); }
 int rs_send_reset(rs_conn *c) { return send_end(c, RS_LEN_RESET); }
 
 /* 1 if the peer has not consumed everything we sent (it closed or died with data of ours
- * unread).  shm: the consumer re-zeroes records in order as it consumes them, so our
- * last data record still being there says it; rdma: the credit says it. */
+ * unread): the transport tells, or once the connection moved, the credit it returned. */
 int rs_tx_unread_at_peer(rs_conn *c)
 {
     rs_lock(&c->tx.lock);
     int r = 0;
-    if (c->tx.bytes && c->tx.ring) {
-        if (c->rdma || RS_GET(c->fb)) {
-            refresh_credit(c);
-            r = c->tx.head_seen <= c->tx.last_data;
-        } else {
-            r = __atomic_load_n((uint32_t *)(c->tx.ring + (c->tx.last_data & c->mask)), __ATOMIC_ACQUIRE) != 0;
-        }
-    }
+    if (c->tx.bytes && c->tx.ring) r = RS_GET(c->fb) ? rs_tx_credit_unread(c) : c->ops->unread_at_peer(c);
     rs_unlock(&c->tx.lock);
     return r;
+}
+
+/* The consumer's credit does not reach past our last data record (caller holds tx_lock). */
+int rs_tx_credit_unread(rs_conn *c)
+{
+    refresh_credit(c);
+    return c->tx.head_seen <= c->tx.last_data;
 }
 
 /* 1 if a write of at least one small record would not block (caller holds tx_lock). */

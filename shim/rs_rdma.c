@@ -64,20 +64,8 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     errno = ENOTSUP;
     return NULL;
 }
-void rs_rdma_post_records(rs_conn *c) { (void)c; }
-void rs_rdma_flush_bell(rs_conn *c) { (void)c; }
-void rs_rdma_refresh_credit(rs_conn *c) { (void)c; }
-int  rs_rdma_arm_credit(rs_conn *c) { (void)c; return 1; }
-void rs_rdma_publish_credit(rs_conn *c, int force) { (void)c; (void)force; }
-int  rs_rdma_go_idle(rs_conn *c) { (void)c; return 0; }
-void rs_rdma_bell_every(rs_conn *c, int on) { (void)c; (void)on; }
 void rs_rdma_drain(rs_conn *c) { (void)c; }
-void rs_rdma_drain_locked(rs_conn *c) { (void)c; }
-void rs_rdma_free(rs_conn *c) { (void)c; }
 int  rs_rdma_quiesce(rs_conn *c, int timeout_ms) { (void)c; (void)timeout_ms; return 0; }
-void rs_rdma_silence(rs_conn *c) { (void)c; }
-void rs_rdma_check_peer(rs_conn *c) { (void)c; }
-void rs_rdma_after_fork_child(rs_conn *c) { (void)c; }
 
 #else
 
@@ -150,10 +138,9 @@ static void peer_failed(rs_conn *c)
 }
 
 /* Our doorbells stop for good before a RESYNC frame (rs_fallback.c) goes out. */
-void rs_rdma_silence(rs_conn *c)
+static void rdma_silence(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    if (!r) return;
     pthread_mutex_lock(&r->lock);
     r->silent = 1;
     r->failed = 1;
@@ -294,13 +281,6 @@ static int sync_peer(rs_conn *c)
     return r->failed ? -1 : 0;
 }
 
-/* A credit value from the peer: accepted only if it is a plausible ring position (the
- * mirror may in principle be read while the peer's NIC writes it). */
-static void take_credit(rs_conn *c, uint64_t head)
-{
-    if (head > c->tx.head_seen && head <= c->tx.pos && !(head & 7)) c->tx.head_seen = head;
-}
-
 rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_t salt, int fd, uint32_t spin_ns,
                              const struct rs_rdma_params *p)
 {
@@ -321,7 +301,8 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     c->tx.ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */
     c->rx.ctl = (struct rs_dir_ctl *)(b + RS_RDMA_OFF_CTL);
     c->tx.ctl = c->rx.ctl + 1;                          /* private: nobody else reads them */
-    c->spin_ns = c->rx.spin_cur = spin_ns;
+    c->spin_ns = spin_ns;
+    rs_spin_init(&c->rx.spin, spin_ns);
     c->map_base = base;
     c->map_len = len;
     r->qp = p->qp;
@@ -334,8 +315,11 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     r->sig_every = p->sq_depth / 4;
     pthread_mutex_init(&r->lock, NULL);
     c->rdma = r;
+    c->ops = &rs_transport_rdma;
     return c;
 }
+
+static void post_records(rs_conn *c);
 
 /* Before the queue pair is destroyed: every posted WRITE (the FIN record last) must have
  * left, or destroying the QP would flush it and the peer would miss the stream's end. */
@@ -344,7 +328,7 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
     struct rs_rdma *r = c->rdma;
     if (!r) return 0;
     if (RS_GET(c->fb)) return rs_fb_finish_tx(c, timeout_ms);   /* the resend goes by TCP */
-    rs_rdma_post_records(c);
+    post_records(c);
     pthread_mutex_lock(&r->lock);
     if (!r->failed && r->posted > r->completed && r->since_sig && ensure_room_locked(c, 1) == 0) {
         /* the last WRs were unsignaled: a signaled empty WRITE completes after them */
@@ -365,14 +349,13 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
     return rc;
 }
 
-void rs_rdma_after_fork_child(rs_conn *c)
+static void rdma_after_fork_child(rs_conn *c)
 {
-    if (c->rdma) pthread_mutex_init(&c->rdma->lock, NULL);
+    pthread_mutex_init(&c->rdma->lock, NULL);
 }
 
-void rs_rdma_free(rs_conn *c)
+static void rdma_free(rs_conn *c)
 {
-    if (!c->rdma) return;
     pthread_mutex_destroy(&c->rdma->lock);
     free(c->rdma);
     c->rdma = NULL;
@@ -380,7 +363,7 @@ void rs_rdma_free(rs_conn *c)
 
 /* Producer: one RDMA WRITE per record written since the last call (a WRAP record is one
  * too), posted as one chain; then the counters the peer's READ may look at. */
-void rs_rdma_post_records(rs_conn *c)
+static void post_records(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     if (r->tx_posted == c->tx.pos) return;
@@ -406,54 +389,49 @@ void rs_rdma_post_records(rs_conn *c)
 static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
 {
     struct rs_rdma *r = c->rdma;
-    if (!rs_tx_switch(c)) return;                     /* the next chance tries again */
     pthread_mutex_lock(&r->lock);                     /* never after a RESYNC frame's first byte */
-    long n = r->silent ? 0 : rs_c_send(c, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    int sent = !r->silent && rs_bell_send(c, kind);
     pthread_mutex_unlock(&r->lock);
-    if (n == 1) {
+    if (sent) {
         *answered = seq;
-        __atomic_fetch_add(&c->rdma->own->bells_sent, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&c->bells_sent, 1, __ATOMIC_RELAXED);
-    } else if (n == -EPIPE || n == -ECONNRESET || n == -ENOTCONN) {
-        RS_SET(c->tcp_eof, 1);
+        __atomic_fetch_add(&r->own->bells_sent, 1, __ATOMIC_RELAXED);
     }
 }
 
 /* Producer, after posting: ring if the consumer went idle since our last bell. */
-void rs_rdma_flush_bell(rs_conn *c)
+static void rdma_flush(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    rs_rdma_post_records(c);
+    post_records(c);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* tx_seq store before the want_seq load */
     uint64_t w = __atomic_load_n(&r->mirror->want_seq, __ATOMIC_ACQUIRE);
     if ((w == r->want_answered && !(w & RS_WANT_SEQ_EVERY)) || r->failed) return;
     answer(c, RS_BELL_DATA, &r->want_answered, w);
 }
 
-void rs_rdma_refresh_credit(rs_conn *c)
+static void rdma_refresh_credit(rs_conn *c)
 {
-    take_credit(c, __atomic_load_n(&c->rdma->mirror->rx_head, __ATOMIC_ACQUIRE));
+    rs_take_credit(c, __atomic_load_n(&c->rdma->mirror->rx_head, __ATOMIC_ACQUIRE));
 }
 
 /* Producer with a full ring: make sure the consumer sends a credit bell when it frees room.
  * Returns 1 if there is room after all. */
-int rs_rdma_arm_credit(rs_conn *c)
+static int rdma_arm_credit(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
-    if (RS_GET(c->fb)) return rs_fb_tx_writable(c);
-    rs_rdma_refresh_credit(c);
+    rdma_refresh_credit(c);
     if (r->credit_armed) check_cq(c);                 /* a producer that only waits notices failures */
     if (r->credit_armed || r->failed) return 0;
     __atomic_fetch_add(&r->own->tx_wait_seq, 1, __ATOMIC_SEQ_CST);
     if (sync_peer(c) < 0) return 1;                   /* the write reports the error */
-    take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
+    rs_take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     r->credit_armed = 1;
     return 0;
 }
 
 /* Consumer: hand consumed ring bytes back (every quarter ring, when the producer waits for
  * them, or with force whenever anything is unpublished), and answer a waiting producer. */
-void rs_rdma_publish_credit(rs_conn *c, int force)
+static void rdma_publish_credit(rs_conn *c, int force)
 {
     struct rs_rdma *r = c->rdma;
     uint64_t lag = c->rx.pos - c->rx.head_pub;
@@ -476,14 +454,17 @@ void rs_rdma_publish_credit(rs_conn *c, int force)
  * are the stream, for rs_fallback.c.  A drained bell disarms what it answered.  Peeks
  * first and takes exactly the bells seen, under rx_lock, so two threads never split a
  * frame between them. */
+static void drain_locked(rs_conn *c);
+
 void rs_rdma_drain(rs_conn *c)
 {
+    if (!c->rdma) return;
     rs_lock(&c->rx.lock);
-    rs_rdma_drain_locked(c);
+    drain_locked(c);
     rs_unlock(&c->rx.lock);
 }
 
-void rs_rdma_drain_locked(rs_conn *c)
+static void drain_locked(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
@@ -495,18 +476,18 @@ void rs_rdma_drain_locked(rs_conn *c)
                               "(its process or its RDMA transport failed)");
         if (n == 0 || n == -ECONNRESET || n == -ENOTCONN) { RS_SET(c->tcp_eof, 1); break; }
         if (n < 0) break;
-        long k = 0;
-        for (; k < n && (buf[k] == RS_BELL_DATA || buf[k] == RS_BELL_CREDIT); k++) {
-            if (buf[k] == RS_BELL_DATA) r->data_armed = 0;
-            else r->credit_armed = 0;
-        }
+        uint64_t kinds[2] = { 0, 0 };
+        int next;
+        long k = rs_bell_scan(buf, n, &next, kinds);
+        if (kinds[0]) r->data_armed = 0;
+        if (kinds[1]) r->credit_armed = 0;
         if (k) {
             rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);
             c->rx.bells_drained += (uint64_t)k;
         }
-        if (k < n) {
-            if (buf[k] == RS_BELL_RESYNC) peer_failed(c);
-            else rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x on the doorbell channel", buf[k]);
+        if (next >= 0) {
+            if (next == RS_BELL_RESYNC) peer_failed(c);
+            else rs_bell_garbage(c, next);
             break;
         }
         if ((size_t)n < sizeof buf) break;
@@ -515,20 +496,18 @@ void rs_rdma_drain_locked(rs_conn *c)
 
 /* A producer that only waits for credit looks at the socket without taking anything:
  * a RESYNC frame behind the doorbells means the peer moved to TCP. */
-void rs_rdma_check_peer(rs_conn *c)
+static void rdma_check_peer(rs_conn *c)
 {
     uint8_t buf[64];
-    if (RS_GET(c->fb) || !c->rdma) return;
+    if (RS_GET(c->fb)) return;
     long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
-    for (long k = 0; k < n; k++) {
-        if (buf[k] == RS_BELL_RESYNC) { peer_failed(c); return; }
-        if (buf[k] != RS_BELL_DATA && buf[k] != RS_BELL_CREDIT) return;
-    }
+    int next;
+    if (n > 0 && (rs_bell_scan(buf, n, &next, NULL), next == RS_BELL_RESYNC)) peer_failed(c);
 }
 
 /* rs_rx_bell_every (caller holds rx_lock): the bit rides in want_seq, pushed now so the
  * producer sees it. */
-void rs_rdma_bell_every(rs_conn *c, int on)
+static void rdma_bell_every(rs_conn *c, int on)
 {
     struct rs_rdma *r = c->rdma;
     if (on) __atomic_fetch_or(&r->own->want_seq, RS_WANT_SEQ_EVERY, __ATOMIC_SEQ_CST);
@@ -537,19 +516,19 @@ void rs_rdma_bell_every(rs_conn *c, int on)
 }
 
 /* Consumer found its ring empty: 1 if a record is there after all, 0 if idle (armed). */
-int rs_rdma_go_idle(rs_conn *c)
+static int rdma_go_idle(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     if (RS_GET(c->fb)) return rs_rx_ready_locked(c);                  /* the socket tells (rs_fallback.c) */
-    rs_rdma_drain_locked(c);
+    drain_locked(c);
     if (rs_rx_ready_locked(c)) return 1;
     if (r->data_armed) check_cq(c);                   /* before sleeping: our QP may have failed */
     if (RS_GET(c->fb)) return rs_rx_ready_locked(c);
     if (RS_GET(c->err) || RS_GET(c->tcp_eof) || r->data_armed) return 0;
-    rs_rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
+    rdma_publish_credit(c, 1);                      /* all credit back before sleeping */
     __atomic_fetch_add(&r->own->want_seq, 1, __ATOMIC_SEQ_CST);
     if (sync_peer(c) < 0) return RS_GET(c->fb) ? rs_rx_ready_locked(c) : 0;
-    take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
+    rs_take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     uint64_t posted = __atomic_load_n(&r->sync->tx_seq, __ATOMIC_ACQUIRE);
     if (RS_GET(c->fb)) return rs_rx_ready_locked(c);
     if (posted <= c->rx.seq) { r->data_armed = 1; return 0; }
@@ -566,5 +545,34 @@ int rs_rdma_go_idle(rs_conn *c)
     }
     return 1;
 }
+
+/* A non-blocking receive found the ring empty: arm as for a wait (a doorbell left pending
+ * would not tell an rdma consumer anything: its count is not shared). */
+static int rdma_nonblock_empty(rs_conn *c) { return rdma_go_idle(c); }
+static void nothing(rs_conn *c) { (void)c; }
+
+const struct rs_transport rs_transport_rdma = {
+    .name = "rdma",
+    .id = RS_TRANSPORT_RDMA,
+    .torn_records = 1,
+    .lossy_failure = 1,
+    .silent_failure = 1,
+    .host_objects = 1,
+    .refresh_credit = rdma_refresh_credit,
+    .flush = rdma_flush,
+    .arm_credit = rdma_arm_credit,
+    .unread_at_peer = rs_tx_credit_unread,
+    .check_peer = rdma_check_peer,
+    .silence = rdma_silence,
+    .publish_credit = rdma_publish_credit,
+    .go_idle = rdma_go_idle,
+    .nonblock_empty = rdma_nonblock_empty,
+    .tidy = nothing,                            /* the next go_idle drains */
+    .bell_every = rdma_bell_every,
+    .quiesce = nothing,
+    .closed = rs_rdma_drain,                    /* unread bells would make the close send RST */
+    .after_fork_child = rdma_after_fork_child,
+    .free = rdma_free,
+};
 
 #endif

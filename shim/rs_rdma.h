@@ -54,19 +54,9 @@ struct rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, 
                                     uint32_t spin_ns, const struct rs_rdma_params *p);
 int      rs_rdma_supported(void);
 
-/* data path hooks, called by rs_produce.c / rs_consume.c / rs_doorbell.c */
-void     rs_rdma_post_records(struct rs_conn *c);
-void     rs_rdma_flush_bell(struct rs_conn *c);
-void     rs_rdma_refresh_credit(struct rs_conn *c);
-int      rs_rdma_arm_credit(struct rs_conn *c);
-void     rs_rdma_publish_credit(struct rs_conn *c, int force);
-int      rs_rdma_go_idle(struct rs_conn *c);
-void     rs_rdma_bell_every(struct rs_conn *c, int on);
-void     rs_rdma_drain(struct rs_conn *c);          /* takes rx_lock */
-void     rs_rdma_drain_locked(struct rs_conn *c);   /* caller holds rx_lock */
+/* For the control plane (rdmasock/transport_rdma.py), before it destroys the verbs
+ * objects: wait for our last WRITEs to leave, then read doorbells the peer still rang.
+ * The data path reaches this transport only through its table, rs_transport_rdma. */
 int      rs_rdma_quiesce(struct rs_conn *c, int timeout_ms);
-void     rs_rdma_free(struct rs_conn *c);
-void     rs_rdma_silence(struct rs_conn *c);
-void     rs_rdma_check_peer(struct rs_conn *c);
-void     rs_rdma_after_fork_child(struct rs_conn *c);
+void     rs_rdma_drain(struct rs_conn *c);
 #endif

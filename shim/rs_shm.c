@@ -1,9 +1,16 @@
-/* rs_shm.c - the shared-memory transport's segment: one anonymous memfd per connection.
+/* rs_shm.c - the `shm` transport (docs/PROTOCOL.md section 4): both rings of a connection
+ * in one shared segment, and the control words beside them.
  *
- * A memfd has no name in any file system, so nothing is left behind after a close, a
- * crash or SIGKILL, and only processes that hold the descriptor (passed with SCM_RIGHTS
- * to the peer alone) can map it.  The size is sealed so neither side can shrink the
- * segment under the other (which would turn the peer's next access into SIGBUS).
+ * The segment is one anonymous memfd per connection.  A memfd has no name in any file
+ * system, so nothing is left behind after a close, a crash or SIGKILL, and only processes
+ * that hold the descriptor (passed with SCM_RIGHTS to the peer alone) can map it.  The
+ * size is sealed so neither side can shrink the segment under the other (which would turn
+ * the peer's next access into SIGBUS).
+ *
+ * A record reaches the consumer by the producer's own stores; credit and doorbell requests
+ * are words of the shared control block (struct rs_dir_ctl), and doorbell bytes are
+ * counted there (data_bells, credit_bells), so a consumer going idle knows how many to
+ * read off the socket.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -11,52 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
-#include <dlfcn.h>
 #include "rs_conn.h"
-
-/* ---- the process's budget of ring memory ---------------------------------------------
- * Bytes of rings (and segment headers) mapped by this process's connections, against
- * RDMASOCK_RING_MEMORY_MAX (default 8 GiB; address space, not memory: pages are committed
- * only as data touches them).  A connection that would go over it stays plain TCP, with
- * reason ring_memory_limit, rather than fail.
- *
- * This file is compiled into the preload library and into the engine's module
- * (rdmasock/_native); in a preloaded process one maps a ring and the other may unmap it.
- * The preload exports its budget (rdmasock_ring_budget, shim/preload/rs_stats.c) and both
- * copies use that one; a process without the preload uses the module's own. */
-static struct rs_ring_budget own_budget, *budget_in_use;
-
-static struct rs_ring_budget *budget(void)
-{
-    struct rs_ring_budget *b = __atomic_load_n(&budget_in_use, __ATOMIC_ACQUIRE);
-    if (b) return b;
-    b = dlsym(RTLD_DEFAULT, "rdmasock_ring_budget");
-    if (!b) b = &own_budget;
-    if (!__atomic_load_n(&b->max, __ATOMIC_RELAXED)) {
-        const char *v = rs_config_get(RS_CFG_RING_MEMORY_MAX);
-        char *end;
-        unsigned long long x = strtoull(v, &end, 10);
-        if (!x || *end) x = strtoull(rs_config_default(RS_CFG_RING_MEMORY_MAX), NULL, 10);
-        uint64_t m = x, zero = 0;
-        __atomic_compare_exchange_n(&b->max, &zero, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-    }
-    __atomic_store_n(&budget_in_use, b, __ATOMIC_RELEASE);
-    return b;
-}
-
-int rs_ring_memory_reserve(size_t n)
-{
-    struct rs_ring_budget *b = budget();
-    if (__atomic_add_fetch(&b->used, n, __ATOMIC_ACQ_REL) <= __atomic_load_n(&b->max, __ATOMIC_RELAXED)) return 0;
-    __atomic_sub_fetch(&b->used, n, __ATOMIC_ACQ_REL);
-    return -ENOBUFS;
-}
-
-void rs_ring_memory_release(size_t n) { __atomic_sub_fetch(&budget()->used, n, __ATOMIC_ACQ_REL); }
-uint64_t rs_ring_memory_in_use(void) { return __atomic_load_n(&budget()->used, __ATOMIC_RELAXED); }
-uint64_t rs_ring_memory_max(void) { return __atomic_load_n(&budget()->max, __ATOMIC_RELAXED); }
+#include "rs_sys.h"
 
 static int ring_size_ok(uint32_t n)
 {
@@ -89,8 +56,6 @@ fail:;
     return -e;
 }
 
-/* Maps a segment received from the peer after checking that it is one: magic, version,
- * ring size and file size must agree, and the size must be sealed. */
 /* Maps a segment received from the peer after checking that it is one: magic, version,
  * ring size and file size must agree, and the size must be sealed.  The header is the
  * peer's to rewrite at any time: what it says is copied into *seg once, checked there,
@@ -128,3 +93,281 @@ int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved)
     seg->salt = salt;
     return 0;
 }
+
+/* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
+ * header, which is never read again for them).  The server consumes ring 0 and produces
+ * into ring 1; the client the other way round. */
+rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
+{
+    struct rs_seg_hdr *h = seg->base;
+    rs_conn *c = rs_conn_alloc();
+    if (!c) return NULL;
+    c->ops = &rs_transport_shm;
+    c->fd = fd;
+    c->ring_size = seg->ring_size;
+    c->mask = seg->ring_size - 1;
+    c->max_payload = rs_max_payload(seg->ring_size);
+    c->salt = seg->salt;
+    uint8_t *ring0 = (uint8_t *)seg->base + RS_SEG_HDR_SIZE, *ring1 = ring0 + seg->ring_size;
+    int rx_dir = is_server ? RS_DIR_C2S : RS_DIR_S2C;
+    c->rx.ctl = &h->dir[rx_dir];
+    c->tx.ctl = &h->dir[1 - rx_dir];
+    c->rx.ring = rx_dir == RS_DIR_C2S ? ring0 : ring1;
+    c->tx.ring = rx_dir == RS_DIR_C2S ? ring1 : ring0;
+    c->spin_ns = spin_ns;
+    rs_spin_init(&c->rx.spin, spin_ns);
+    c->map_base = seg->base;
+    c->map_len = seg->len;
+    return c;
+}
+
+/* ---- doorbells -------------------------------------------------------------------------
+ * A consumer going idle sets want_bell; the producer answers the next record with one data
+ * doorbell.  A producer with a full ring sets tx_waiting; the consumer answers its next
+ * credit with one credit doorbell.  Each side counts what it sent in the control block
+ * before sending, so the other knows how many bytes to read off the socket. */
+
+/* The counter was raised before the send (the consumer's snapshot relies on that order);
+ * a byte that never left is taken back so the consumer does not wait to drain it. */
+static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
+{
+    if (rs_bell_send(c, kind)) return 1;
+    __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+/* Producer (caller holds tx_lock): the records are in the peer's ring already; wake the
+ * consumer if it asked for it. */
+static void shm_flush(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->tx.ctl;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
+    uint32_t want = __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
+    if (!want) return;                                  /* a bell is pending */
+    /* RS_WANT_EVERY: the consumer's program learns of each arrival from a SIGIO, as over
+     * TCP, so every publication rings, spinning consumer or not; the request stays. */
+    if (want != RS_WANT_EVERY) {
+        if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
+            c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
+            return;                                     /* a spinning recv will absorb it */
+        want = __atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST);
+        if (!want) return;
+        if (want == RS_WANT_EVERY) {                    /* asked for meanwhile: it stays */
+            uint32_t none = 0;
+            __atomic_compare_exchange_n(&k->want_bell, &none, RS_WANT_EVERY, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        }
+    }
+    __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+    /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
+     * consumer still wants one, so the next record tries again. */
+    if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && want != RS_WANT_EVERY)
+        __atomic_store_n(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+}
+
+/* Consumer: wake a producer blocked on a full ring (credit was just published).  Under
+ * tx_lock: once our own direction has moved to TCP (its RESYNC frame is out), no byte but
+ * the stream may follow it; a producer waiting for credit then finds it in memory (its
+ * waits nap and look). */
+static void credit_bell(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
+    rs_lock(&c->tx.lock);
+    if (!c->tx.fb && __atomic_exchange_n(&k->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_fetch_add(&k->credit_bells, 1, __ATOMIC_SEQ_CST);
+        if (!send_counted(c, RS_BELL_CREDIT, &k->credit_bells)) __atomic_store_n(&k->tx_waiting, 1, __ATOMIC_SEQ_CST);
+    }
+    rs_unlock(&c->tx.lock);
+}
+
+/* Doorbell bytes at the front of what the socket holds (peeked: n bytes in buf): how many
+ * may be read off.  A RESYNC frame's first byte ends them: the peer's direction moved to
+ * TCP and our ring has its MOVED record, which the consumer reaches first. */
+static long leading_bells(rs_conn *c, const uint8_t *buf, long n)
+{
+    int next;
+    long k = rs_bell_scan(buf, n, &next, NULL);
+    if (next >= 0 && next != RS_BELL_RESYNC) rs_bell_garbage(c, next);
+    return k;
+}
+
+/* Reads up to `todo` doorbell bytes that were sent before the caller's snapshot (the
+ * peer writes the counter: at most 64 reads, whatever it says). */
+static void drain_bells(rs_conn *c, uint64_t todo)
+{
+    uint8_t buf[256];
+    for (int rounds = 0; todo > 0 && !RS_GET(c->tcp_eof) && rounds < 64; rounds++) {
+        long n = rs_c_recv(c, buf, todo < sizeof buf ? todo : sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+        if (rs_bell_read_result(c, n) <= 0) break;      /* EAGAIN: still in flight */
+        long k = leading_bells(c, buf, n);
+        if (k) rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);     /* exactly the bells peeked */
+        c->rx.bells_drained += (uint64_t)k;
+        todo -= (uint64_t)k;
+        if (k < n) break;
+    }
+}
+
+/* With every counted bell drained, anything still readable is either a bell sent after
+ * the snapshot, EOF (the peer is gone), a RESYNC frame or garbage.  Peeking consumes
+ * nothing, so the invariant holds; without this an idle nonblocking reader would never
+ * see EOF. */
+static void check_uncounted(rs_conn *c)
+{
+    uint8_t buf[64];
+    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (rs_bell_read_result(c, n) <= 0) return;
+    leading_bells(c, buf, n);
+}
+
+/* Doorbell bytes the peer counted as sent to us, both kinds. */
+static uint64_t bells_counted(rs_conn *c)
+{
+    return __atomic_load_n(&c->rx.ctl->data_bells, __ATOMIC_SEQ_CST) +
+           __atomic_load_n(&c->tx.ctl->credit_bells, __ATOMIC_SEQ_CST);
+}
+
+static int go_idle(rs_conn *c, int check)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    if (c->rx.fb) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
+    if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
+    __atomic_store_n(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
+     * is guaranteed to see, so draining it cannot strand that record without a bell. */
+    uint64_t sent = bells_counted(c);
+    if (rs_rx_ready_locked(c)) return 1;
+    if (sent > c->rx.bells_drained) drain_bells(c, sent - c->rx.bells_drained);
+    if (check && sent <= c->rx.bells_drained && !RS_GET(c->tcp_eof)) check_uncounted(c);
+    return 0;
+}
+
+/* Consumer found its ring empty (caller holds rx_lock): want_bell set and every doorbell
+ * sent before that drained; 1 if a record is there after all. */
+static int shm_go_idle(rs_conn *c) { return go_idle(c, 1); }
+
+/* A non-blocking receive found the ring empty.  Programs that read until EAGAIN (libpq,
+ * event loops) do so after every message; arming there (want_bell) made the peer ring a
+ * doorbell for the next message, a send and a wake-up per request.  Under the preload
+ * library (lazy_tidy) the wait that follows goes through its poll/epoll hooks, which arm
+ * before they sleep, so this only hands back credit and, at most every millisecond, looks
+ * for EOF (an idle reader that never waits must still see the peer's death).  1 if a
+ * record is there after all. */
+static int shm_nonblock_empty(rs_conn *c)
+{
+    c->ops->publish_credit(c, 1);
+    if (rs_rx_ready_locked(c)) return 1;
+    uint64_t now = rs_now_ns();
+    if (now - c->rx.last_peek_ns > 1000000u && !RS_GET(c->tcp_eof)) {
+        c->rx.last_peek_ns = now;
+        check_uncounted(c);
+    }
+    return 0;
+}
+
+/* After a recv emptied the ring: if doorbell bytes are outstanding, read them now so a
+ * level-triggered select/epoll does not report a readiness that has been consumed.
+ * Costs a system call only in episodes where the producer already paid one. */
+static void shm_tidy(rs_conn *c)
+{
+    /* Under the preload library poll/select/epoll look at the ring first, so a stale
+     * doorbell costs nothing there, while draining it here re-arms want_bell: the next
+     * record then rings again, and a request/response exchange paid a send and a recv
+     * system call per message for it.  The stale byte keeps the invariant (6.7). */
+    if (c->rx.lazy_tidy) return;
+    if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0);
+}
+
+static void shm_bell_every(rs_conn *c, int on)
+{
+    if (c->rx.fb) return;
+    if (on) __atomic_store_n(&c->rx.ctl->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
+    else {
+        uint32_t every = RS_WANT_EVERY;
+        __atomic_compare_exchange_n(&c->rx.ctl->want_bell, &every, RS_WANT_NEXT, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+    }
+}
+
+/* Before close (caller holds rx_lock): no doorbell wanted any more, and those already sent
+ * read off the socket (a short bounded wait for ones in flight). */
+static void shm_quiesce(rs_conn *c)
+{
+    __atomic_store_n(&c->rx.ctl->want_bell, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&c->tx.ctl->tx_waiting, 0, __ATOMIC_SEQ_CST);
+    uint64_t until = rs_now_ns() + RS_QUIESCE_NS;
+    for (int i = 0; i < 64; i++) {
+        uint64_t sent = bells_counted(c);
+        if (sent <= c->rx.bells_drained || RS_GET(c->tcp_eof) || rs_now_ns() >= until) break;
+        drain_bells(c, sent - c->rx.bells_drained);
+        if (sent > c->rx.bells_drained) {
+            struct timespec ts = { 0, 200000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ---- credit ---------------------------------------------------------------------------- */
+
+/* Producer with a full ring, before it sleeps (caller holds tx_lock). */
+static int shm_arm_credit(rs_conn *c)
+{
+    __atomic_store_n(&c->tx.ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
+    return rs_tx_writable_locked(c);
+}
+
+/* The credit the consumer returned (its `head`, which the peer may set to anything): taken
+ * only if it is a record boundary between the last credit and what we wrote; anything else
+ * is ignored, and the writer waits for credit as long as its timeout lets it. */
+static void shm_refresh_credit(rs_conn *c)
+{
+    rs_take_credit(c, __atomic_load_n(&c->tx.ctl->head, __ATOMIC_ACQUIRE));
+}
+
+/* Returns the consumed ring bytes to the producer: every quarter ring, when the producer
+ * is blocked, or (force) before going idle. */
+static void shm_publish_credit(rs_conn *c, int force)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    uint64_t lag = c->rx.pos - c->rx.head_pub;
+    if (!lag && !force) return;
+    if (!force && lag < c->ring_size / 4 && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
+    if (lag) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_sfence();                 /* the re-zeroing is visible before the credit */
+#endif
+        __atomic_store_n(&k->head, c->rx.pos, __ATOMIC_RELEASE);
+        c->rx.head_pub = c->rx.pos;
+    }
+    credit_bell(c);
+}
+
+/* The consumer re-zeroes records in order as it consumes them, so our last data record
+ * still being there says it left data unread. */
+static int shm_unread_at_peer(rs_conn *c)
+{
+    return __atomic_load_n((uint32_t *)(c->tx.ring + (c->tx.last_data & c->mask)), __ATOMIC_ACQUIRE) != 0;
+}
+
+static void nothing(rs_conn *c) { (void)c; }
+
+const struct rs_transport rs_transport_shm = {
+    .name = "shm",
+    .id = RS_TRANSPORT_SHM,
+    .stall_moves = 1,
+    .refresh_credit = shm_refresh_credit,
+    .flush = shm_flush,
+    .arm_credit = shm_arm_credit,
+    .unread_at_peer = shm_unread_at_peer,
+    .check_peer = nothing,                      /* the peer's MOVED record comes through the ring */
+    .silence = nothing,                         /* its bells stop at our tx.fb (credit_bell) */
+    .publish_credit = shm_publish_credit,
+    .go_idle = shm_go_idle,
+    .nonblock_empty = shm_nonblock_empty,
+    .tidy = shm_tidy,
+    .bell_every = shm_bell_every,
+    .quiesce = shm_quiesce,
+    .closed = nothing,
+    .after_fork_child = nothing,
+    .free = nothing,
+};

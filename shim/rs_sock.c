@@ -131,12 +131,13 @@ static void destroy(struct rs_sock *s)
     switch (s->state) {
     case RS_RING:
         if (!s->forked) abort ? rs_send_reset(s->conn) : rs_send_fin(s->conn);
-        /* An rdma connection first lets its last WRITEs leave, and the control plane
-         * destroys its verbs objects (before the memory is unmapped).  After fork they
-         * belong to the parent: the child only drops its copy. */
-        if (s->conn->rdma && !s->forked) {
-            rs_rdma_drain(s->conn);                 /* unread bells would make close send RST */
-            if (rs_host && rs_host->release) rs_host->release(s->conn);
+        /* The transport reads the doorbells the peer still rang (unread bytes would make
+         * the kernel's close a reset); one with objects of the control plane (rdma: its
+         * verbs objects) has them released, its last WRITEs first, before the memory is
+         * unmapped.  After fork they belong to the parent: the child only drops its copy. */
+        if (!s->forked) {
+            s->conn->ops->closed(s->conn);
+            if (s->conn->ops->host_objects && rs_host && rs_host->release) rs_host->release(s->conn);
         }
         rs_conn_free(s->conn);
         break;
@@ -273,8 +274,7 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
         int res = rs_host->step(s->handle, wait_ms, out);
         s->role = (uint8_t)roles[st];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
-            int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->rdma ? RS_TRANSPORT_RDMA
-                                                                                              : RS_TRANSPORT_SHM;
+            int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->ops->id;
             s->stat = rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]);
         }
         if (res < 0) {

@@ -44,6 +44,28 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
     return 0;
 }
 
+uint64_t rs_spin_allow(struct rs_spin *s)
+{
+    uint64_t cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED);
+    return cur < s->max ? cur : s->max;
+}
+
+void rs_spin_result(struct rs_spin *s, int found)
+{
+    uint64_t cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED), max = s->max;
+    if (found) cur = cur * 2 > max ? max : (cur ? cur * 2 : 1000);
+    else if (cur > max / 64 + 500) cur /= 2;
+    else return;
+    __atomic_store_n(&s->cur, cur, __ATOMIC_RELAXED);
+}
+
+void rs_spin_missed(struct rs_spin *s, uint64_t waited_ns)
+{
+    if (waited_ns >= s->max) return;
+    uint64_t want = 2 * waited_ns + 1000, cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED);
+    if (want > cur) __atomic_store_n(&s->cur, want > s->max ? s->max : want, __ATOMIC_RELAXED);
+}
+
 int rs_spin_done(struct rs_sigwait *w, int rule)
 {
     int r = w->active ? rs_sigwait_nap(w, 0, rule) : 1;

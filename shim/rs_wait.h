@@ -75,6 +75,20 @@ void rs_sigwait_end(struct rs_sigwait *w);                          /* the progr
  * handled at once and the call goes on, exactly as for one that arrives just before the
  * call. */
 #define RS_PURE_SPIN_NS 2000u
+
+/* The spin-then-block controller: how long the next spin before a kernel sleep may last,
+ * at most `max` ns.  The budget doubles after a spin that found what it waited for and
+ * halves (down to max/64 + 500 ns) after one that did not, so two processes sharing one
+ * CPU quickly stop burning each other's time slice.  A wait whose spin ran out but whose
+ * data came after `waited_ns` in all (rs_spin_missed) grows it to twice that: had the spin
+ * lasted that long it would have saved the kernel sleep and the doorbell, whose cross-CPU
+ * wake-up alone costs tens of microseconds, so a peer that answers within `max` (a
+ * database statement, say) is waited for by spinning.  Any thread may update it. */
+struct rs_spin { uint64_t cur, max; };
+static inline void rs_spin_init(struct rs_spin *s, uint64_t max) { s->cur = s->max = max; }
+uint64_t rs_spin_allow(struct rs_spin *s);
+void rs_spin_result(struct rs_spin *s, int found);
+void rs_spin_missed(struct rs_spin *s, uint64_t waited_ns);
 int  rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w);
 /* The spin found nothing: a signal held during it now runs its action; 1 to go on waiting,
  * -EINTR if the kernel's call would have ended.  The program's mask is back either way. */

@@ -322,7 +322,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
 {
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
-    uint64_t budget = apart ? rs_spin_budget() : 0;   /* spin only for a peer on another CPU */
+    uint64_t budget = apart ? rs_spin_allow(rs_wait_spin()) : 0;   /* spin only for a peer on another CPU */
     uint64_t spin_end = rs_earlier(start + budget, deadline);
     struct rs_sigwait sw = { 0 };
     for (unsigned it = 0;; it++) {
@@ -335,12 +335,12 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         if (k > 0) k = ep_filter_out(epfd, s, ev, k);
         int n = ep_from_rings(epfd, s, ev, k, max);
         pthread_mutex_unlock(&s->lock);
-        if (n) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(1); return n; }
+        if (n) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 1); return n; }
         if (rs_now_ns() >= spin_end) break;
         if (rs_spin_pause(rs_now_ns() - start, &sw)) break;
     }
     if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; return -1; }   /* epoll_wait is never restarted */
-    if (timeout_ms && apart) rs_spin_result(0);
+    if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 0);
     unsigned nap_us = 20;
     for (;;) {
         if (timeout_ms == 0 || rs_passed(deadline)) return 0;
@@ -378,7 +378,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         pthread_mutex_lock(&s->lock);
         k = ep_filter_out(epfd, s, ev, k);
         pthread_mutex_unlock(&s->lock);
-        if (k && apart) rs_spin_missed(rs_now_ns() - start);
+        if (k && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (k) return k;               /* doorbells, checked against the ring, make it truthful */
         /* Only "writable" for a full ring: the credit comes through memory; nap and look. */
         struct timespec ts = { 0, (long)nap_us * 1000 };

@@ -57,7 +57,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     uint64_t deadline = rs_deadline(timeout_ms);
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
-        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_budget() : 0);
+        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin()) : 0);
         spin_end = rs_earlier(spin_end, deadline);
         struct rs_sigwait sw = { 0 };
         for (unsigned it = 0;; it++) {
@@ -66,13 +66,13 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
                 if (socks[i] && rs_ring_revents(socks[i]->conn, want[i])) any = 1;
             if (any || (it & 15) == 15) {
                 r = collect(fds, n, socks, want);
-                if (r != 0) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(1); goto out; }
+                if (r != 0) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 1); goto out; }
             }
             if (rs_now_ns() >= spin_end) break;
             if (rs_spin_pause(rs_now_ns() - t0, &sw)) break;
         }
         if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; r = -1; goto out; }   /* poll is never restarted */
-        if (timeout_ms && apart) rs_spin_result(0);
+        if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 0);
         if (timeout_ms == 0 || rs_passed(deadline)) { r = collect(fds, n, socks, want); goto out; }
         int armed_ready = 0;
         for (nfds_t i = 0; i < n; i++)
@@ -89,7 +89,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         r = kernel_poll(fds, n, ms, mask);
         if (r < 0) goto out;
         r = collect(fds, n, socks, want);
-        if (r && apart) rs_spin_missed(rs_now_ns() - start);
+        if (r && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (r || rs_passed(deadline)) goto out;
         /* only a stale doorbell or a credit that is not enough yet: sleep again */
     }

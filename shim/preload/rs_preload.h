@@ -118,9 +118,7 @@ short rs_ring_revents(rs_conn *c, short events);
 int   rs_ring_arm(rs_conn *c, short events);
 int   rs_ring_sleep_cap_ms(rs_conn *c, short events);
 int   rs_min_ms(int a, int b);
-uint64_t rs_spin_budget(void);
-void  rs_spin_missed(uint64_t waited_ns);
-void  rs_spin_result(int found);
+struct rs_spin *rs_wait_spin(void);
 int   rs_ts_ms(const struct timespec *ts);
 
 /* ---- rs_hooks_epoll.c ------------------------------------------------------------- */

@@ -12,36 +12,20 @@
 #include "rs_preload.h"
 #include <stdlib.h>
 
-static uint64_t spin_ns = 1000000;     /* RDMASOCK_SPIN_US (adaptive below it) */
-static __thread uint64_t spin_cur = 1000000;
+static uint64_t spin_max = 1000000;    /* RDMASOCK_SPIN_US */
+/* The poll/select/epoll hooks' spin budget, one per thread (rs_spin, rs_wait.h). */
+static __thread struct rs_spin wait_spin = { 1000000, 1000000 };
 
 __attribute__((constructor)) static void ready_init(void)
 {
-    spin_ns = strtoull(rs_config_get(RS_CFG_SPIN_US), NULL, 10) * 1000u;
-    spin_cur = spin_ns;
+    spin_max = strtoull(rs_config_get(RS_CFG_SPIN_US), NULL, 10) * 1000u;
+    rs_spin_init(&wait_spin, spin_max);
 }
 
-/* Spins share the CPU (rs_spin_pause); the budget halves when a spin found nothing and
- * doubles when it did. */
-uint64_t rs_spin_budget(void) { return spin_cur < spin_ns ? spin_cur : spin_ns; }
-
-/* A wait whose spin ran out but whose data came after `waited_ns` in all: had the spin
- * lasted that long it would have saved the kernel sleep and the doorbell, whose cross-CPU
- * wake-up alone costs tens of microseconds.  So a peer that answers within the maximum
- * budget (a database statement, say) is waited for by spinning, not by halving the
- * budget on every slow answer; only answers slower than the maximum shrink it. */
-void rs_spin_missed(uint64_t waited_ns)
+struct rs_spin *rs_wait_spin(void)
 {
-    if (waited_ns < spin_ns) {
-        uint64_t want = 2 * waited_ns + 1000;
-        spin_cur = want > spin_ns ? spin_ns : want > spin_cur ? want : spin_cur;
-    }
-}
-
-void rs_spin_result(int found)
-{
-    if (found) spin_cur = spin_cur * 2 > spin_ns ? spin_ns : (spin_cur ? spin_cur * 2 : 1000);
-    else if (spin_cur > spin_ns / 64 + 500) spin_cur /= 2;
+    if (wait_spin.max != spin_max) rs_spin_init(&wait_spin, spin_max);   /* a thread born before the constructor ran */
+    return &wait_spin;
 }
 
 struct rs_sock *rs_ring_sock(int fd)
@@ -100,14 +84,14 @@ int rs_ring_arm(rs_conn *c, short events)
 /* How long a kernel sleep may last for a socket armed with `events` (-1: no limit).  A
  * wait for room in a full ring looks again every RS_ROOM_RECHECK_MS: its credit doorbell
  * can be read off the socket by another thread of the program going idle on the same
- * socket (a reader and a writer thread), and only a look moves a stalled shm ring to
- * TCP (rs_fallback.c).  Room that came since the arming: no sleep at all. */
+ * socket (a reader and a writer thread), and only a look moves a stalled ring to TCP
+ * (rs_fallback.c; transports with stall_moves).  Room that came since the arming: no sleep at all. */
 #define RS_ROOM_RECHECK_MS 10
 int rs_ring_sleep_cap_ms(rs_conn *c, short events)
 {
     if (!(events & (POLLOUT | POLLWRNORM))) return -1;
     if (rs_tx_writable(c)) return 0;
-    return c->rdma ? -1 : RS_ROOM_RECHECK_MS;
+    return c->ops->stall_moves ? RS_ROOM_RECHECK_MS : -1;
 }
 
 /* The shorter of two kernel sleep limits (-1: none). */

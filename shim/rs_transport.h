@@ -1,0 +1,67 @@
+/* rs_transport.h - the transport interface: what differs between ways of carrying records.
+ *
+ * Every transport carries the same records in the same ring format (rs_wire.h).  They
+ * differ in how a record written by the producer reaches the consumer's ring, how the
+ * consumer's credit comes back, and how each side, before it sleeps, makes sure the other
+ * writes it a doorbell byte on the TCP socket.  That is all this table holds.  The common
+ * code (rs_produce.c, rs_consume.c, rs_doorbell.c, rs_fallback.c, rs_wait.c) calls through
+ * c->ops and never asks which transport it runs on; a new transport is one file defining
+ * one table, and one value of RS_TRANSPORT_* for the handshake and stat.
+ *
+ *   rs_shm.c   shm: both rings in one shared segment; the control words are shared too
+ *   rs_rdma.c  rdma: records built in a local shadow ring and RDMA WRITTEN to the peer's
+ *   rs_tcp.c   tcp: no ring at all (the server declined); the socket is the stream
+ *
+ * A connection whose ring transport cannot go on moves to TCP without changing its table:
+ * that move is rs_fallback.c, common to all transports, and the flags below say what it
+ * may rely on.
+ */
+#ifndef RS_TRANSPORT_H
+#define RS_TRANSPORT_H
+#include <stdint.h>
+
+struct rs_conn;
+
+struct rs_transport {
+    const char *name;
+    uint8_t id;                  /* RS_TRANSPORT_* (rs_contract.h) */
+
+    /* Properties the common code decides by. */
+    uint8_t torn_records;        /* a record may look partly written for an instant (a NIC places
+                                  * a packet's bytes in any order): corrupt only if it stays so */
+    uint8_t lossy_failure;       /* the transport can fail with records posted but not landed:
+                                  * a move to TCP resends from the consumer's credit, and the
+                                  * receiver leaves its ring at once, not at a MOVED record */
+    uint8_t stall_moves;         /* a full ring whose consumer returns no credit for RS_STALL_NS
+                                  * moves to TCP (which buffers far more) */
+    uint8_t silent_failure;      /* it can fail while we sleep with no byte on the socket to say
+                                  * so: sleeps wake in slices to look */
+    uint8_t host_objects;        /* the control plane owns objects of it to release after close */
+
+    /* Producer side; the caller holds tx.lock. */
+    void (*refresh_credit)(struct rs_conn *c);          /* learn the consumer's head */
+    void (*flush)(struct rs_conn *c);                   /* records were written: make them reach the
+                                                         * peer, and ring if it asked for a doorbell */
+    int  (*arm_credit)(struct rs_conn *c);              /* full ring, before sleeping: ask for a
+                                                         * credit doorbell; 1 if room came after all */
+    int  (*unread_at_peer)(struct rs_conn *c);          /* 1 if the peer left data of ours unread */
+    void (*check_peer)(struct rs_conn *c);              /* waiting for credit: did the peer move? */
+    void (*silence)(struct rs_conn *c);                 /* our RESYNC frame goes out: no more bells */
+
+    /* Consumer side; the caller holds rx.lock. */
+    void (*publish_credit)(struct rs_conn *c, int force);
+    int  (*go_idle)(struct rs_conn *c);                 /* ring empty, about to wait: arm the peer's
+                                                         * doorbell; 1 if a record came after all */
+    int  (*nonblock_empty)(struct rs_conn *c);          /* a non-blocking receive found nothing */
+    void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
+    void (*bell_every)(struct rs_conn *c, int on);      /* the program takes SIGIO (O_ASYNC) or not */
+
+    /* The connection. */
+    void (*quiesce)(struct rs_conn *c);                 /* before our FIN: no doorbell asked, none unread */
+    void (*closed)(struct rs_conn *c);                  /* after our FIN: read what the peer still rang */
+    void (*after_fork_child)(struct rs_conn *c);
+    void (*free)(struct rs_conn *c);
+};
+
+extern const struct rs_transport rs_transport_shm, rs_transport_rdma, rs_transport_tcp;
+#endif
