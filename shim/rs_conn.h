@@ -134,6 +134,13 @@ static inline void rs_fd_leave(rs_conn *c) { __atomic_sub_fetch(&c->fd_users, 1,
  * it changed, what the poll said is about a number that is no longer ours. */
 static inline int rs_fd_peek(rs_conn *c) { return __atomic_load_n(&c->fd, __ATOMIC_ACQUIRE); }
 
+/* The ring walk's step: bytes from the record at absolute position pos (length word lw)
+ * to the next record; a WRAP record spans the rest of the ring. */
+static inline uint32_t rs_rec_span(const rs_conn *c, uint64_t pos, uint32_t lw)
+{
+    return lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(pos & c->mask) : rs_rec_size(lw);
+}
+
 /* rs_conn.c */
 void     rs_conn_move_fd(rs_conn *c, int newfd);
 void     rs_conn_after_fork_child(rs_conn *c);

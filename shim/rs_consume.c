@@ -105,7 +105,7 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
             }
             if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
                 if (!peek) memset(c->rx.ring + off, 0, 8);
-                cur.pos += lw == RS_LEN_WRAP ? c->ring_size - off : 8;
+                cur.pos += rs_rec_span(c, cur.pos, lw);
                 cur.seq++;
                 if (lw != RS_LEN_WRAP) { fin = lw == RS_LEN_RESET ? 2 : 1; break; }
                 continue;
@@ -251,7 +251,7 @@ static ssize_t ring_available(rs_conn *c)
     for (uint64_t walked = 0; walked < c->ring_size && !c->rx.fin_seen;) {
         uint32_t lw;
         if (check_record(c, &cur, &lw) <= 0) break;
-        uint32_t step = lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(cur.pos & c->mask) : rs_rec_size(lw);
+        uint32_t step = rs_rec_span(c, cur.pos, lw);
         if (lw == RS_LEN_FIN || lw == RS_LEN_RESET || lw == RS_LEN_MOVED) break;
         if (lw != RS_LEN_WRAP) total += lw;
         cur.pos += step; cur.seq++; walked += step;

@@ -107,10 +107,9 @@ static void tx_start(rs_conn *c)
     if (!c->ops->lossy_failure) { tx_start_at_moved(c); return; }
     uint64_t pos = c->tx.head_seen, unacked = 0;
     while (pos < c->tx.pos) {
-        uint32_t off = (uint32_t)(pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
-        if (lw == RS_LEN_WRAP) { pos += c->ring_size - off; continue; }
+        uint32_t lw = *(uint32_t *)(c->tx.ring + (pos & c->mask));
         if (lw < RS_LEN_CTL_MIN) unacked += lw;
-        pos += rs_rec_size(lw);
+        pos += rs_rec_span(c, pos, lw);
     }
     c->ops->silence(c);                            /* no doorbell byte may follow the frame */
     put_frame(c, c->tx.bytes - unacked);
@@ -146,9 +145,8 @@ static int tx_pump(rs_conn *c)
     }
     while (c->tx.fb_resend_pos < c->tx.fb_resend_end) {
         uint32_t off = (uint32_t)(c->tx.fb_resend_pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
-        if (lw == RS_LEN_WRAP) { c->tx.fb_resend_pos += c->ring_size - off; continue; }
         if (lw >= RS_LEN_CTL_MIN || c->tx.fb_resend_off == lw) {
-            c->tx.fb_resend_pos += rs_rec_size(lw);
+            c->tx.fb_resend_pos += rs_rec_span(c, c->tx.fb_resend_pos, lw);
             c->tx.fb_resend_off = 0;
             continue;
         }

@@ -172,7 +172,7 @@ static int ensure_room_locked(rs_conn *c, uint32_t n)
         poll_cq_locked(c);
         if (r->failed) return -1;
         uint64_t now = rs_now_ns();
-        if (!deadline) deadline = now + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+        if (!deadline) deadline = rs_deadline((int)r->p.sync_timeout_ms);
         else if (now > deadline) {
             rdma_fail(c, ETIMEDOUT, "rdmasock: RDMA send queue did not drain within %u ms", r->p.sync_timeout_ms);
             return -1;
@@ -259,7 +259,7 @@ static int sync_peer(rs_conn *c)
     int rc = post_locked(c);
     pthread_mutex_unlock(&r->lock);
     if (rc < 0) return -1;
-    uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+    uint64_t start = rs_now_ns(), deadline = rs_deadline((int)r->p.sync_timeout_ms);
     for (unsigned i = 0;; i++) {
         pthread_mutex_lock(&r->lock);
         poll_cq_locked(c);
@@ -309,6 +309,7 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     r->cq = p->cq;
     r->p = *p;
     if (!r->p.sync_timeout_ms) r->p.sync_timeout_ms = 5000;
+    if (r->p.sync_timeout_ms > 0x7fffffffu) r->p.sync_timeout_ms = 0x7fffffffu;     /* a bound, as an int */
     r->own = (struct rs_rdma_words *)(b + RS_RDMA_OFF_OWN);
     r->mirror = (struct rs_rdma_words *)(b + RS_RDMA_OFF_MIRROR);
     r->sync = (struct rs_rdma_words *)(b + RS_RDMA_OFF_SYNC);
@@ -336,7 +337,7 @@ int rs_rdma_quiesce(rs_conn *c, int timeout_ms)
         r->wr[r->nwr - 1].num_sge = 0;
         post_locked(c);
     }
-    uint64_t target = r->posted, deadline = rs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t target = r->posted, deadline = rs_deadline(timeout_ms);
     while (!r->failed && r->completed < target) {
         poll_cq_locked(c);
         if (rs_now_ns() > deadline) break;
@@ -375,7 +376,7 @@ static void post_records(rs_conn *c)
         if (ensure_room_locked(c, (uint32_t)r->nwr + 1) < 0) break;
         add_wr_locked(r, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)(c->tx.ring + off), rec, r->p.lkey_shadow,
                       r->p.raddr_ring + off, r->p.rkey_ring, 0, 0);
-        r->tx_posted += lw == RS_LEN_WRAP ? c->ring_size - off : rec;
+        r->tx_posted += rs_rec_span(c, r->tx_posted, lw);
     }
     if (!r->failed) post_locked(c);
     else r->nwr = 0;
@@ -389,6 +390,7 @@ static void post_records(rs_conn *c)
 static void answer(rs_conn *c, uint8_t kind, uint64_t *answered, uint64_t seq)
 {
     struct rs_rdma *r = c->rdma;
+    if (!rs_tx_switch(c)) return;                     /* not under the lock: it may wait for another sender */
     pthread_mutex_lock(&r->lock);                     /* never after a RESYNC frame's first byte */
     int sent = !r->silent && rs_bell_send(c, kind);
     pthread_mutex_unlock(&r->lock);
@@ -533,7 +535,7 @@ static int rdma_go_idle(rs_conn *c)
     if (RS_GET(c->fb)) return rs_rx_ready_locked(c);
     if (posted <= c->rx.seq) { r->data_armed = 1; return 0; }
     /* Records are posted but still on the wire: they land within a round trip. */
-    uint64_t start = rs_now_ns(), deadline = start + (uint64_t)r->p.sync_timeout_ms * 1000000u;
+    uint64_t start = rs_now_ns(), deadline = rs_deadline((int)r->p.sync_timeout_ms);
     while (!rs_rx_ready_locked(c)) {
         uint64_t now = rs_now_ns();
         if (now > deadline) {
