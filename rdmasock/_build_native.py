@@ -104,17 +104,30 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
 int rs_rdma_quiesce(rs_conn *c, int timeout_ms);
 void rs_rdma_drain(rs_conn *c);
 
+
 int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
 int rs_ring_memory_reserve(size_t n);
 void rs_ring_memory_release(size_t n);
 uint64_t rs_ring_memory_in_use(void);
 """
 
+
+
+def header_decls(name):
+    """A header's declarations as cffi reads them: without its guard and includes (so the
+    C set-up interface of shim/rs_verbs.h is written once)."""
+    with open(os.path.join(ROOT, "shim", name), encoding="utf-8") as f:
+        lines = f.readlines()
+    guard = next(line.split()[1] for line in lines if line.startswith("#ifndef"))
+    return "".join(line for line in lines
+                   if not line.startswith(("#ifndef", "#endif", "#include", "#define %s" % guard)))
+
+
 ffibuilder = cffi.FFI()
-ffibuilder.cdef(CDEF)
+ffibuilder.cdef(CDEF + header_decls("rs_verbs.h"))
 ffibuilder.set_source(
     "rdmasock._native",
-    '#include "rs_conn.h"\n#include "rs_contract.h"',
+    '#include "rs_conn.h"\n#include "rs_contract.h"\n#include "rs_verbs.h"',
     sources=SOURCES,
     include_dirs=["shim"],
     depends=sorted(glob.glob("shim/*.h")),             # a header change rebuilds the module

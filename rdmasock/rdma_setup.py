@@ -1,6 +1,9 @@
-"""pyverbs control plane of one RDMA connection (RC queue pair), see docs/RDMA.md.
+"""Control plane of one RDMA connection (RC queue pair), see docs/RDMA.md.
 
-One `Endpoint` per connection and side:
+pyverbs chooses the device, port and GID (rdmasock/devices.py); the verbs objects
+themselves (PD, CQ, QP, memory regions) are made in C through libibverbs' public API
+(shim/rs_verbs.c), so the queue pair the data path posts on is one C created, whatever the
+installed pyverbs looks like inside.  One `Endpoint` per connection and side:
 
     ep = Endpoint()                                   # device per devices.choose(), own PD, CQ, RC QP (INIT)
     ep.register_ring(addr, length)                    # receive ring: LOCAL_WRITE | REMOTE_WRITE
@@ -11,8 +14,7 @@ One `Endpoint` per connection and side:
     ep.poll()                                         # [Completion], never blocks
 
 Memory is the caller's (e.g. an mmap'd ring): it is registered, never allocated or freed here,
-and must stay mapped until close().  pyverbs is imported lazily.  An Endpoint is not
-thread-safe: one thread posts and polls at a time.
+and must stay mapped until close().  pyverbs is imported lazily.
 
 Connection parameters travel as PARAMS (72 bytes, big endian, no padding):
 
@@ -41,7 +43,6 @@ import errno
 import os
 import secrets
 import struct
-import threading
 import time
 from collections import namedtuple
 
@@ -59,13 +60,7 @@ Completion = namedtuple("Completion", "wr_id status opcode byte_len")
 
 DEFAULT_SQ_DEPTH = 256
 DEFAULT_RQ_DEPTH = 16
-# RC timers: local ACK timeout 4.096 us * 2**14 = 67 ms, 7 retries, RNR retry "infinite" (7):
-# a peer that vanished without closing its QP is noticed after about half a second.
-ACK_TIMEOUT = 14
-RETRY_CNT = 6
-RNR_RETRY = 6
-MIN_RNR_TIMER = 12
-HOP_LIMIT = 64
+QPS_RTS, QPS_ERR = 3, 6              # enum ibv_qp_state
 
 
 class RdmaError(Exception):
@@ -76,192 +71,88 @@ class RdmaError(Exception):
         self.status = status
 
 
-def _e():
-    import pyverbs.enums as e
-    return e
+def _native():
+    from ._native import ffi, lib
+    return ffi, lib
 
 
-def _errno_of(exc):
-    code = getattr(exc, "error_code", -1)
-    return code if isinstance(code, int) and code > 0 else None
-
-
-# One device context per device per process, shared by its endpoints: contexts are heavy
-# (a uverbs file, doorbell pages); protection domains, CQs, QPs and MRs are per connection.
-# The last endpoint's close closes the context: a device being removed (`rdma link delete`
-# waits for every open context) is then released as soon as its connections end.
-_contexts = {}          # name -> [Context, users]
-_contexts_lock = threading.Lock()
-
-
-def _context(name):
-    from pyverbs.device import Context
-    with _contexts_lock:
-        entry = _contexts.get(name)
-        if entry is None:
-            entry = _contexts[name] = [Context(name=name), 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _context_done(name):
-    with _contexts_lock:
-        entry = _contexts.get(name)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] > 0:
-            return
-        del _contexts[name]
-    try:
-        entry[0].close()
-    except Exception:
-        pass
-
-
-def forget_context(name):
-    """Drop (and close) the cached context of a device, e.g. after it was removed."""
-    with _contexts_lock:
-        entry = _contexts.pop(name, None)
-    if entry is not None:
-        try:
-            entry[0].close()
-        except Exception:
-            pass
-
-
-def _gid_str(raw):
-    h = bytes(raw).hex()
-    return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+def _err_buf(ffi):
+    return ffi.new("char[200]")
 
 
 class _Region:
-    __slots__ = ("name", "addr", "length", "mr", "lkey", "rkey")
+    __slots__ = ("name", "addr", "length", "lkey", "rkey")
 
-    def __init__(self, name, addr, length, mr):
-        self.name, self.addr, self.length, self.mr = name, addr, length, mr
-        self.lkey, self.rkey = mr.lkey, mr.rkey
+    def __init__(self, name, addr, length, lkey, rkey):
+        self.name, self.addr, self.length, self.lkey, self.rkey = name, addr, length, lkey, rkey
 
 
 class Endpoint:
-    """One side of one RC connection: its own protection domain, CQ and QP."""
+    """One side of one RC connection: its own protection domain, CQ and QP (shim/rs_verbs.c)."""
 
     def __init__(self, device=None, port=None, gid_index=None, sq_depth=DEFAULT_SQ_DEPTH,
                  rq_depth=DEFAULT_RQ_DEPTH, max_inline=None, env=None):
         env = os.environ if env is None else env
         self.choice = devices.choose(device, port, gid_index, env=env)
-        e = _e()
-        from pyverbs.pd import PD
-        from pyverbs.cq import CQ
-        self._closed = False
+        ffi, lib = self._ffi, self._lib = _native()
+        self._v = None
         self._regions = {}
         self.peer = None
         self.psn = secrets.randbits(24)
         self.sq_depth = sq_depth
-        self.ctx = _context(self.choice.device)
         want_inline = max_inline if max_inline is not None else int(config.value(env, "RDMA_INLINE"))
-        try:
-            self.pd = PD(self.ctx)
-            self.cq = CQ(self.ctx, sq_depth + rq_depth + 1)
-        except Exception as exc:
-            self.close()
-            raise RdmaUnavailable("verbs_setup_failed", "PD/CQ on %s: %s" % (self.choice.device, exc))
-        self.qp, self.max_inline = self._create_qp(sq_depth, rq_depth, want_inline)
-        try:
-            attr = self._attr(e.IBV_QPS_INIT)
-            attr.pkey_index = 0
-            attr.port_num = self.choice.port
-            # Remote READ reaches only regions registered with it (the counters of
-            # register_words); rings are remote-write only; no atomics.
-            attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-            self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-        except Exception as exc:
-            self.close()
-            raise RdmaUnavailable("verbs_setup_failed", "QP to INIT: %s" % exc)
-        # Reused work request: pyverbs 44's SGE and SendWR never free their malloc'd memory
-        # (their destructor is misspelt `__dealloc`), so building one per post leaks.
-        from pyverbs.wr import SGE, SendWR
-        self._sge = SGE(0, 0, 0)
-        self._wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[self._sge], send_flags=0)
-        self._wr.sg_list = self._sge                              # post straight from _sge
-        self._sge_lkey = 0
-        self._remote = {}
-        self._F_SIGNALED = e.IBV_SEND_SIGNALED
-        self._F_INLINE = e.IBV_SEND_INLINE
+        err = _err_buf(ffi)
+        v = lib.rs_verbs_open(self.choice.device.encode(), self.choice.port, sq_depth, rq_depth,
+                              max(0, want_inline), err, len(err))
+        if v == ffi.NULL:
+            raise RdmaUnavailable("verbs_setup_failed", ffi.string(err).decode(errors="replace"))
+        self._v = v
+        self.qp_num = lib.rs_verbs_qp_num(v)
+        self.max_inline = lib.rs_verbs_max_inline(v)
+        self._wc = ffi.new("struct rs_verbs_wc[16]")
+
+    def _live(self):
+        if self._v is None:
+            raise RdmaError("endpoint closed")
+        return self._v
 
     # ---------------------------------------------------------------- set-up
-    @staticmethod
-    def _attr(state):
-        from pyverbs.qp import QPAttr
-        a = QPAttr()
-        a.qp_state = state
-        return a
-
-    def _create_qp(self, sq_depth, rq_depth, want_inline):
-        e = _e()
-        from pyverbs.qp import QP, QPInitAttr, QPCap
-        n = max(0, want_inline)
-        last = None
-        while True:
-            cap = QPCap(max_send_wr=sq_depth, max_recv_wr=rq_depth, max_send_sge=1, max_recv_sge=1,
-                        max_inline_data=n)
-            try:
-                qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
-                                            sq_sig_all=0, cap=cap))
-                break
-            except Exception as exc:
-                last = exc
-                if n == 0:
-                    self.close()
-                    raise RdmaUnavailable("verbs_setup_failed", "cannot create an RC QP on %s: %s"
-                                          % (self.choice.device, last))
-                n //= 2
-        try:
-            got = qp.query(e.IBV_QP_CAP)[1].cap.max_inline_data
-        except Exception:
-            got = n
-        return qp, max(n, got)
-
     def _register(self, name, addr, length, access):
-        if self._closed:
-            raise RdmaError("endpoint closed")
+        v = self._live()
         if name in self._regions:
             raise ValueError("%s already registered" % name)
         if not addr or length <= 0:
             raise ValueError("bad %s region %#x+%d" % (name, addr or 0, length))
-        from pyverbs.mr import MR
-        try:
-            mr = MR(self.pd, length, access, address=addr)
-        except Exception as exc:
-            code = _errno_of(exc)
-            if code in (errno.ENOMEM, errno.EPERM, errno.EAGAIN):
-                ml = devices.memlock_limit()
-                raise RdmaUnavailable("memlock", "registering %d bytes failed (%s); memlock limit %s"
-                                      % (length, os.strerror(code), ml["soft"]))
-            raise RdmaUnavailable("verbs_setup_failed", "registering %s: %s" % (name, exc))
-        reg = self._regions[name] = _Region(name, addr, length, mr)
+        ffi, lib = self._ffi, self._lib
+        keys = ffi.new("uint32_t[2]")
+        rc = lib.rs_verbs_reg(v, ffi.cast("void *", addr), length, access, keys, keys + 1)
+        if rc in (-errno.ENOMEM, -errno.EPERM, -errno.EAGAIN):
+            ml = devices.memlock_limit()
+            raise RdmaUnavailable("memlock", "registering %d bytes failed (%s); memlock limit %s"
+                                  % (length, os.strerror(-rc), ml["soft"]))
+        if rc < 0:
+            raise RdmaUnavailable("verbs_setup_failed", "registering %s: %s" % (name, os.strerror(-rc)))
+        reg = self._regions[name] = _Region(name, addr, length, keys[0], keys[1])
         return reg
 
     def register_ring(self, addr, length):
         """The receive ring the peer writes into: LOCAL_WRITE | REMOTE_WRITE (verbs requires
         LOCAL_WRITE with REMOTE_WRITE), never relaxed ordering, no remote read or atomics."""
-        e = _e()
-        return self._register("ring", addr, length, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        lib = self._lib
+        return self._register("ring", addr, length, lib.RS_VERBS_LOCAL_WRITE | lib.RS_VERBS_REMOTE_WRITE)
 
     def register_credit(self, addr, length=8):
         """The credit word(s) the peer's consumer writes into; same access as the ring."""
-        e = _e()
-        return self._register("credit", addr, length, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        lib = self._lib
+        return self._register("credit", addr, length, lib.RS_VERBS_LOCAL_WRITE | lib.RS_VERBS_REMOTE_WRITE)
 
     def register_words(self, addr, length):
         """This side's own counters, which the peer may RDMA READ (and nothing else)."""
-        e = _e()
-        return self._register("words", addr, length, e.IBV_ACCESS_REMOTE_READ)
+        return self._register("words", addr, length, self._lib.RS_VERBS_REMOTE_READ)
 
     def register_local(self, name, addr, length):
         """A local buffer RDMA READ responses land in (no remote access)."""
-        e = _e()
-        return self._register(name, addr, length, e.IBV_ACCESS_LOCAL_WRITE)
+        return self._register(name, addr, length, self._lib.RS_VERBS_LOCAL_WRITE)
 
     def register_source(self, addr, length, name="source"):
         """A local buffer RDMA WRITEs are sent from (no remote access at all)."""
@@ -274,7 +165,7 @@ class Endpoint:
         words = self._regions.get("words")
         c = self.choice
         return PARAMS.pack(PARAMS_MAGIC, PARAMS_VERSION, c.link_layer, c.active_mtu, 0, c.lid, 0,
-                           self.qp.qp_num, self.psn, ring.rkey if ring else 0, bytes(c.gid),
+                           self.qp_num, self.psn, ring.rkey if ring else 0, bytes(c.gid),
                            ring.addr if ring else 0, ring.length if ring else 0,
                            credit.addr if credit else 0, credit.length if credit else 0,
                            credit.rkey if credit else 0, words.addr if words else 0,
@@ -298,8 +189,8 @@ class Endpoint:
 
     def connect(self, peer_params):
         """Import the peer's PARAMS and move the QP INIT -> RTR -> RTS."""
-        e = _e()
-        from pyverbs.addr import AHAttr, GlobalRoute, GID
+        v = self._live()
+        ffi, lib = self._ffi, self._lib
         p = self.parse_params(bytes(peer_params))
         if p.link_layer != self.choice.link_layer:
             raise RdmaUnavailable("bad_params", "peer link layer %d, ours %d" % (p.link_layer, self.choice.link_layer))
@@ -308,29 +199,15 @@ class Endpoint:
                         "credit": (p.credit_addr, p.credit_len, p.credit_rkey),
                         "words": (p.words_addr, p.words_len, p.words_rkey)}
         self.path_mtu = min(p.mtu, self.choice.active_mtu)
-        gr = GlobalRoute(dgid=GID(_gid_str(p.gid)), sgid_index=self.choice.gid_index, hop_limit=HOP_LIMIT)
-        try:
-            a = self._attr(e.IBV_QPS_RTR)
-            a.path_mtu = self.path_mtu
-            a.dest_qp_num = p.qpn
-            a.rq_psn = p.psn
-            a.max_dest_rd_atomic = 1          # one READ of our counters at a time
-            a.min_rnr_timer = MIN_RNR_TIMER
-            a.ah_attr = AHAttr(dlid=p.lid, sl=0, is_global=1, port_num=self.choice.port, gr=gr)
-            self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN |
-                           e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-            a = self._attr(e.IBV_QPS_RTS)
-            a.timeout = ACK_TIMEOUT
-            a.retry_cnt = RETRY_CNT
-            a.rnr_retry = RNR_RETRY
-            a.sq_psn = self.psn
-            a.max_rd_atomic = 1               # we READ the peer's counters, one at a time
-            self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT |
-                           e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
-        except Exception as exc:
-            raise RdmaUnavailable("qp_connect_failed", str(exc))
+        path = ffi.new("struct rs_verbs_path *")
+        path.dest_qpn, path.rq_psn, path.sq_psn = p.qpn, p.psn, self.psn
+        path.dlid, path.path_mtu, path.sgid_index = p.lid, self.path_mtu, self.choice.gid_index
+        path.dgid = bytes(p.gid)
+        err = _err_buf(ffi)
+        if lib.rs_verbs_connect(v, path, err, len(err)) < 0:
+            raise RdmaUnavailable("qp_connect_failed", ffi.string(err).decode(errors="replace"))
 
-    # ---------------------------------------------------------------- data
+    # ---------------------------------------------------------------- data (tests, probes)
     def post_write(self, src_off, length, dst_off, src="source", dst="ring", inline=None,
                    signaled=False, wr_id=0):
         """One RDMA WRITE of `length` bytes from local region `src` at `src_off` to the peer's
@@ -338,46 +215,40 @@ class Endpoint:
         max_inline.  Only signaled writes produce a completion; an unsignaled WR's send-queue
         slot is reclaimed when a later signaled one completes, so signal at least once every
         sq_depth posts.  Raises RdmaError if the post fails (QP in error, queue full)."""
+        v = self._live()
+        lib = self._lib
         s = self._regions[src]
         raddr, rlen, rkey = self._remote[dst]
         if src_off < 0 or dst_off < 0 or length <= 0 or src_off + length > s.length or dst_off + length > rlen:
             raise ValueError("write %d+%d -> %s %d out of bounds" % (src_off, length, dst, dst_off))
-        flags = self._F_SIGNALED if signaled else 0
+        flags = lib.RS_VERBS_SIGNALED if signaled else 0
         if inline is None:
             if length <= self.max_inline:
-                flags |= self._F_INLINE
+                flags |= lib.RS_VERBS_INLINE
         elif inline:
             if length > self.max_inline:
                 raise ValueError("%d bytes exceed max_inline_data %d" % (length, self.max_inline))
-            flags |= self._F_INLINE
-        sge, wr = self._sge, self._wr
-        sge.addr = s.addr + src_off
-        sge.length = length
-        if s.lkey != self._sge_lkey:
-            sge.lkey = self._sge_lkey = s.lkey
-        wr.wr_id = wr_id
-        wr.send_flags = flags
-        wr.set_wr_rdma(rkey, raddr + dst_off)
-        try:
-            self.qp.post_send(wr)
-        except Exception as exc:
-            raise RdmaError("post_send failed: %s" % exc)
+            flags |= lib.RS_VERBS_INLINE
+        rc = lib.rs_verbs_post_write(v, s.addr + src_off, length, s.lkey, raddr + dst_off, rkey, flags, wr_id)
+        if rc < 0:
+            raise RdmaError("post_send failed: %s" % os.strerror(-rc))
 
     def poll(self, max_entries=16):
         """Completions now available (possibly none); never blocks."""
-        n, wcs = self.cq.poll(num_entries=max_entries)
-        return [Completion(w.wr_id, w.status, w.opcode, w.byte_len) for w in wcs[:n]] if n else []
+        n = self._lib.rs_verbs_poll(self._live(), self._wc, min(16, max_entries))
+        if n < 0:
+            raise RdmaError("completion queue failed: %s" % os.strerror(-n))
+        return [Completion(w.wr_id, w.status, w.opcode, w.byte_len) for w in self._wc[0:n]]
 
     def wait(self, count=1, timeout=10.0, yield_cpu=True):
         """Poll until `count` completions arrived; raises RdmaError on an error status or
         timeout.  Returns the completions."""
-        e = _e()
         got = []
         deadline = time.monotonic() + timeout
         while len(got) < count:
             batch = self.poll(count - len(got))
             for c in batch:
-                if c.status != e.IBV_WC_SUCCESS:
+                if c.status != 0:
                     raise RdmaError("completion wr_id=%d status %d (%s)" % (c.wr_id, c.status, wc_status_str(c.status)),
                                     c.status)
             got += batch
@@ -389,70 +260,65 @@ class Endpoint:
         return got
 
     def qp_state(self):
-        e = _e()
-        return self.qp.query(e.IBV_QP_STATE)[0].qp_state
+        """enum ibv_qp_state (QPS_RTS 3, QPS_ERR 6)."""
+        return self._lib.rs_verbs_qp_state(self._live())
+
+    def qp_access_flags(self):
+        return self._lib.rs_verbs_qp_access(self._live())
+
+    def force_error(self):
+        """Moves the QP to the error state (fault injection)."""
+        rc = self._lib.rs_verbs_qp_error(self._live())
+        if rc < 0:
+            raise RdmaError("cannot move the QP to the error state: %s" % os.strerror(-rc))
 
     def region(self, name):
         return self._regions[name]
 
-    # ---------------------------------------------------------------- C data path
+    def fill_params(self, p):
+        """The C connection's struct rs_rdma_params: our QP, CQ and inline size."""
+        self._lib.rs_verbs_params(self._live(), p)
+
     def native(self):
-        """C pointers behind the pyverbs objects, for a C data plane that posts with
-        libibverbs directly: {'qp': struct ibv_qp *, 'send_cq': struct ibv_cq *, 'pd': ...,
-        'context': ...} as integers, plus the lkeys/rkeys.  Valid until close()."""
-        qp = native_qp_pointer(self.qp)
-        head = _read_mem(qp, 64)
-        ctx, _qpc, pd, scq, rcq = struct.unpack_from("<5Q", head, 0)
-        out = {"qp": qp, "context": ctx, "pd": pd, "send_cq": scq, "recv_cq": rcq,
-               "qp_num": self.qp.qp_num, "max_inline": self.max_inline}
+        """{'qp': struct ibv_qp *, 'send_cq': struct ibv_cq *, 'qp_num', 'max_inline'} as
+        integers, plus each region's addr/length/lkey/rkey: for C code that posts on this
+        endpoint.  Valid until close()."""
+        ffi = self._ffi
+        p = ffi.new("struct rs_rdma_params *")
+        self.fill_params(p)
+        out = {"qp": int(ffi.cast("uintptr_t", p.qp)), "send_cq": int(ffi.cast("uintptr_t", p.cq)),
+               "qp_num": self.qp_num, "max_inline": self.max_inline}
         for name, r in self._regions.items():
             out[name] = {"addr": r.addr, "length": r.length, "lkey": r.lkey, "rkey": r.rkey}
         return out
+
+    def port_state(self):
+        """enum ibv_port_state of our port (4: active), or -errno."""
+        return self._lib.rs_verbs_port_state(self._live())
+
+    def async_fd(self):
+        """The device context's async event fd (readable when an event is pending)."""
+        return self._lib.rs_verbs_async_fd(self._live())
 
     def async_events(self):
         """Pending asynchronous events of this endpoint's device context (never blocks):
         e.g. ["IBV_EVENT_PORT_ERR"].  The context is shared by the process's endpoints on
         that device, so device/port events reach whichever endpoint asks first."""
-        import select
-        from pyverbs.device import translate_event_type
-        fd = self.async_fd()
         out = []
-        poller = select.poll()                     # select() cannot take descriptors above 1023
-        poller.register(fd, select.POLLIN)
-        while poller.poll(0):
-            ev = self.ctx.get_async_event()
-            out.append(translate_event_type(ev.event_type))
-            ev.ack()
+        for _ in range(64):
+            ev = self._lib.rs_verbs_async_event(self._live())
+            if ev < 0:
+                break
+            out.append(ASYNC_EVENTS.get(ev, "IBV_EVENT_%d" % ev))
         return out
-
-    def async_fd(self):
-        """The device context's async event fd (readable when an event is pending)."""
-        if getattr(self, "_async_fd", None) is None:
-            self._async_fd = context_async_fd(self.native()["context"], self.ctx.cmd_fd)
-        return self._async_fd
 
     # ---------------------------------------------------------------- teardown
     def close(self):
         """Release QP, MRs, CQ and PD (in that order); idempotent."""
-        if self.__dict__.get("_released"):
-            return
-        self._released = self._closed = True
-        if getattr(self, "qp", None) is not None:
-            _quiet_close(self.qp)
-        for r in list(getattr(self, "_regions", {}).values()):
-            _quiet_close(r.mr)
+        v, self._v = self.__dict__.get("_v"), None
+        if v is not None:
+            self._lib.rs_verbs_close(v)
         self._regions = {}
-        # _wr.sg_list points at _sge's memory: free it once, through _sge only.
-        self._wr = None
-        for attr in ("_sge", "cq", "pd"):
-            obj = getattr(self, attr, None)
-            if obj is not None:
-                _quiet_close(obj)
-                setattr(self, attr, None)
-        self.qp = None
-        if getattr(self, "ctx", None) is not None:
-            self.ctx = None
-            _context_done(self.choice.device)
 
     def __enter__(self):
         return self
@@ -461,11 +327,14 @@ class Endpoint:
         self.close()
 
 
-def _quiet_close(obj):
-    try:
-        obj.close()
-    except Exception:
-        pass
+# enum ibv_event_type (verbs.h)
+ASYNC_EVENTS = {0: "IBV_EVENT_CQ_ERR", 1: "IBV_EVENT_QP_FATAL", 2: "IBV_EVENT_QP_REQ_ERR",
+                3: "IBV_EVENT_QP_ACCESS_ERR", 4: "IBV_EVENT_COMM_EST", 5: "IBV_EVENT_SQ_DRAINED",
+                6: "IBV_EVENT_PATH_MIG", 7: "IBV_EVENT_PATH_MIG_ERR", 8: "IBV_EVENT_DEVICE_FATAL",
+                9: "IBV_EVENT_PORT_ACTIVE", 10: "IBV_EVENT_PORT_ERR", 11: "IBV_EVENT_LID_CHANGE",
+                12: "IBV_EVENT_PKEY_CHANGE", 13: "IBV_EVENT_SM_CHANGE", 14: "IBV_EVENT_SRQ_ERR",
+                15: "IBV_EVENT_SRQ_LIMIT_REACHED", 16: "IBV_EVENT_QP_LAST_WQE_REACHED",
+                17: "IBV_EVENT_CLIENT_REREGISTER", 18: "IBV_EVENT_GID_CHANGE", 19: "IBV_EVENT_WQ_FATAL"}
 
 
 WC_STATUS = {0: "success", 1: "local length error", 2: "local QP operation error",
@@ -477,65 +346,3 @@ WC_STATUS = {0: "success", 1: "local length error", 2: "local QP operation error
 
 def wc_status_str(status):
     return WC_STATUS.get(status, "status %d" % status)
-
-
-# ------------------------------------------------------------------ native pointers
-_mem_fd = None
-
-
-def _read_mem(addr, n):
-    """Read n bytes of this process's memory at addr; OSError (EIO) if unmapped, never a crash."""
-    global _mem_fd
-    if _mem_fd is None:
-        _mem_fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
-    data = os.pread(_mem_fd, n, addr)
-    if len(data) != n:
-        raise OSError(errno.EIO, "short read at %#x" % addr)
-    return data
-
-
-def native_qp_pointer(qp):
-    """The `struct ibv_qp *` wrapped by a pyverbs QP.
-
-    pyverbs keeps it in a Cython attribute (`cdef v.ibv_qp *qp`) with no Python accessor.
-    We look for it among the first pointer-sized fields of the object and accept a candidate
-    only if the memory it points to reads as a struct ibv_qp (public ABI of verbs.h: context,
-    qp_context, pd, send_cq, recv_cq, srq pointers, then u32 handle, qp_num, state, qp_type)
-    whose qp_num and qp_type are this QP's, with non-NULL context, pd and send_cq.  All reads
-    go through /proc/self/mem, so a wrong guess cannot crash the process.  Exactly one
-    candidate must match."""
-    base = id(qp)
-    want_num, want_type = qp.qp_num, qp.qp_type
-    found = []
-    raw = _read_mem(base, 16 + 8 * 12)
-    for off in range(16, len(raw), 8):
-        (ptr,) = struct.unpack_from("<Q", raw, off)
-        if ptr < 4096 or ptr >= 1 << 47 or ptr % 8:
-            continue
-        try:
-            head = _read_mem(ptr, 64)
-        except OSError:
-            continue
-        ctx, _qpc, pd, scq, _rcq, _srq = struct.unpack_from("<6Q", head, 0)
-        _handle, qp_num, _state, qp_type = struct.unpack_from("<4I", head, 48)
-        if qp_num == want_num and qp_type == want_type and ctx and pd and scq:
-            found.append(ptr)
-    if len(set(found)) != 1:
-        raise RdmaError("cannot locate struct ibv_qp in the pyverbs QP object (%d candidates)" % len(found))
-    return found[0]
-
-
-def context_async_fd(ctx_ptr, cmd_fd):
-    """async_fd of a struct ibv_context (verbs.h: ..., int cmd_fd; int async_fd; ...) given
-    its address: the int following the one equal to cmd_fd, accepted only if that fd is an
-    "anon_inode:[infinibandevent]" of this process."""
-    raw = _read_mem(ctx_ptr, 1024)
-    for off in range(8, len(raw) - 8, 4):
-        a, b = struct.unpack_from("<ii", raw, off)
-        if a == cmd_fd and b > 2:
-            try:
-                if os.readlink("/proc/self/fd/%d" % b) == "anon_inode:[infinibandevent]":
-                    return b
-            except OSError:
-                pass
-    raise RdmaError("cannot find the async event fd of the device context")

@@ -67,17 +67,14 @@ class Side:
         if peer.ring_len != self.ring_size or peer.credit_len < 64 or peer.words_len < 64:
             raise RdmaUnavailable("bad_params", "peer ring %d bytes (ours %d), mirror %d, words %d"
                                   % (peer.ring_len, self.ring_size, peer.credit_len, peer.words_len))
-        nat = ep.native()
         p = ffi.new("struct rs_rdma_params *")
-        p.qp = ffi.cast("void *", nat["qp"])
-        p.cq = ffi.cast("void *", nat["send_cq"])
-        p.lkey_own = nat["words"]["lkey"]
-        p.lkey_sync = nat["sync"]["lkey"]
-        p.lkey_shadow = nat["shadow"]["lkey"]
+        ep.fill_params(p)                    # the QP and CQ rs_verbs.c made, and the inline size
+        p.lkey_own = ep.region("words").lkey
+        p.lkey_sync = ep.region("sync").lkey
+        p.lkey_shadow = ep.region("shadow").lkey
         p.rkey_ring, p.raddr_ring = peer.ring_rkey, peer.ring_addr
         p.rkey_mirror, p.raddr_mirror = peer.credit_rkey, peer.credit_addr
         p.rkey_words, p.raddr_words = peer.words_rkey, peer.words_addr
-        p.max_inline = ep.max_inline
         p.sq_depth = SQ_DEPTH
         p.sync_timeout_ms = int(config.get().rdma_timeout * 1000)
         conn = lib.rs_conn_attach_rdma(self.base, self.length, self.ring_size, salt, fd,

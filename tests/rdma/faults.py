@@ -63,8 +63,7 @@ def qp_error():
     sa.map[0:64] = b"A" * 64
     first = outcome(a, 0, 64, 0)
     assert first[:2] == ["completion", 0], first
-    attr = rdma_setup.Endpoint._attr(e.IBV_QPS_ERR)
-    a.qp.modify(attr, e.IBV_QP_STATE)
+    a.force_error()
     sa.map[0:64] = b"B" * 64
     after = outcome(a, 0, 64, 4096, timeout=10)
     landed = bytes(rb.map[4096:4160]) != bytes(64)
@@ -94,7 +93,7 @@ def qp_error():
 
     # 3. The peer QP disappears (process died / QP destroyed) without any message.
     a, b, bufs = pair()
-    b.qp.close()
+    b.close()                                      # its QP, memory regions and PD
     dead = outcome(a, 0, 64, 0, timeout=120)
     observed("peer_qp_destroyed", requester=dead, requester_state=a.qp_state())
     assert dead[0] == "completion" and dead[1] in (e.IBV_WC_RETRY_EXC_ERR, e.IBV_WC_REM_INV_REQ_ERR,
@@ -139,18 +138,18 @@ def streamer(device):
             except rdma_setup.RdmaError as exc:
                 failed = ["post_error", str(exc)]
             if failed:
-                report(failed=failed, writes=n, qp_state=_try(a.qp_state), port_state=_try(lambda: a.ctx.query_port(1).state))
+                report(failed=failed, writes=n, qp_state=_try(a.qp_state), port_state=_try(lambda: a.port_state()))
         try:
             evs = a.async_events()
         except Exception as exc:
             evs = ["async_events failed: %s" % exc]
         if evs:
-            report(events=evs, writes=n, port_state=_try(lambda: a.ctx.query_port(1).state), failed=failed)
+            report(events=evs, writes=n, port_state=_try(lambda: a.port_state()), failed=failed)
         r, _, _ = select.select([sys.stdin], [], [], 0.002)
         if r:
             cmd = sys.stdin.readline().strip()
             if cmd == "status":
-                report(writes=n, failed=failed, port_state=_try(lambda: a.ctx.query_port(1).state))
+                report(writes=n, failed=failed, port_state=_try(lambda: a.port_state()))
             elif cmd == "reopen":                      # fresh QP pair on the same device
                 a.close(); b.close()
                 a, b, bufs = pair(device=device)
@@ -160,7 +159,6 @@ def streamer(device):
                 break
     t1 = time.monotonic()
     a.close(); b.close()
-    rdma_setup.forget_context(device)
     report(closed_in=round(time.monotonic() - t1, 2), writes=n)
 
 

@@ -1,7 +1,7 @@
-"""A tiny cffi-compiled helper that posts RDMA WRITEs and polls completions with libibverbs
-directly, on the QP/CQ that rdmasock.rdma_setup created with pyverbs (pointers from
-Endpoint.native()).  It is the measuring stick for "C data path posts itself" versus "post
-through pyverbs" (docs/RDMA.md), and checks that those pointers really are usable from C.
+"""A tiny cffi-compiled helper, independent of rdmasock's own C code, that posts RDMA WRITEs
+and polls completions with libibverbs directly on the QP/CQ of an rdmasock.rdma_setup
+Endpoint (pointers from Endpoint.native()): a second user of those pointers shows that they
+are the live verbs objects the data path posts on.
 
     python tests/rdma/native_post.py      # build (on the host, before booting the VM)
     import native_post; lib = native_post.load()

@@ -6,7 +6,7 @@ summary.  Used by tests/test_rdma_vm.py; also by hand:
     .venv/bin/python tests/rdma/run_inner.py --mode host       # a host with an RDMA device
 
 Cases (`--only a,b`):
-  checks         devices report / choice, PARAMS codec, C posts on the pyverbs QP (checks.py)
+  checks         devices report / choice, PARAMS codec, C posts on the QP rs_verbs.c made (checks.py)
   memlock        RLIMIT_MEMLOCK 64 KiB, no CAP_IPC_LOCK: usable() says why, registration refused
   ring_lo        two processes, one device: framed messages RDMA-written into a ring (ring_write.py)
   qp_error       QP forced to ERR, remote access error, peer QP destroyed (faults.py)

@@ -182,10 +182,9 @@ def role_sink(bind, port):
 def force_qp_error_after(seconds):
     """A QP can only be moved to ERR by its own process: a timer does it to ours."""
     def qp_to_error():
-        import pyverbs.enums as e
-        from rdmasock import rdma_setup, transport_rdma
+        from rdmasock import transport_rdma
         for side in list(transport_rdma._sides.values()):
-            side.ep.qp.modify(rdma_setup.Endpoint._attr(e.IBV_QPS_ERR), e.IBV_QP_STATE)
+            side.ep.force_error()
         print("QP_ERR", flush=True)
     t = threading.Timer(seconds, qp_to_error)
     t.start()
