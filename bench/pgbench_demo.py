@@ -1,9 +1,9 @@
 """pgbench demo: PostgreSQL 15 over plain TCP vs under rdmasock (LD_PRELOAD), same run, pinned.
 
-    .venv/bin/python bench/pgbench_demo.py [--reps 3] [--duration 10] [--clients 1]
-                                           [--placements same,cross] [--tcp-only] [--quick]
+    rdmasock demo [--reps 3] [--duration 10] [--clients 1] [--placements same,cross] [--tcp-only] [--quick]
+    python -m rdmasock.bench.pgbench_demo [same arguments]
 
-The `pgbench` sub-benchmark of bench/suite.py (`rdmasock bench pgbench`), scale 1 and one
+The `pgbench` sub-benchmark of the suite (`rdmasock bench pgbench`), scale 1 and one
 client count, with the demo's own report: two fresh clusters (fsync=off,
 synchronous_commit=off) on 127.0.0.1, one plain, one started under `rdmasock run`; TPC-B
 `pgbench -c <clients> -T <duration>` runs plain against the plain server and preloaded against
@@ -13,7 +13,8 @@ CPU 0 ("same") or CPU 1 ("cross").  Reported: the median tps of the repetitions 
 (impl, placement), and the speed-up, on the last line.  Every rdmasock run is checked in
 RDMASOCK_LOG_FILE: a run whose connections were not all transport=shm is marked as fallback,
 and no speed-up is claimed from it.
-JSON goes to bench/results/pgbench-<time>.json and bench/results/pgbench-latest.json (or --out)."""
+JSON goes to <results>/pgbench-<time>.json and <results>/pgbench-latest.json (or --out), where
+<results> is bench/results in a checkout."""
 import argparse
 import json
 import os
@@ -21,41 +22,40 @@ import platform
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import suite  # noqa: E402
+from .cli import bench_context, parse_args
+from .common import RESULTS, SERVER_CPU, placements
+from .pgbench import bench_pgbench
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="rdmasock demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3, help="repetitions per cell (median reported; 3-5)")
     ap.add_argument("--duration", type=int, default=10, help="pgbench -T seconds")
     ap.add_argument("--clients", type=int, default=1, help="pgbench -c")
     ap.add_argument("--placements", default="same,cross")
     ap.add_argument("--tcp-only", action="store_true", help="only the plain TCP side (checks the harness)")
     ap.add_argument("--quick", action="store_true", help="1 repetition of 3 s (smoke run)")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/pgbench-<time>.json)")
+    ap.add_argument("--out", default=None, help="JSON path (default <results>/pgbench-<time>.json)")
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.duration = 1, 3
-    args = suite.parse_args(["pgbench", "--pg-scales", "1", "--pg-clients", str(a.clients), "--reps", str(a.reps),
-                             "--duration", str(a.duration), "--placements", a.placements]
-                            + (["--tcp-only"] if a.tcp_only else []) + (["--quick"] if a.quick else []),
-                            prog="pgbench_demo")
-    with suite.bench_context(args) as ctx:
-        res = suite.bench_pgbench(args, ctx)
+    args = parse_args(["pgbench", "--pg-scales", "1", "--pg-clients", str(a.clients), "--reps", str(a.reps),
+                       "--duration", str(a.duration), "--placements", a.placements]
+                      + (["--tcp-only"] if a.tcp_only else []) + (["--quick"] if a.quick else []),
+                      prog="rdmasock demo")
+    with bench_context(args) as ctx:
+        res = bench_pgbench(args, ctx)
     rows = res["rows"]
     failed = [r for r in rows if r["errors"]]
     for r in failed:
         print("%s [%s] failed: %s" % (r["name"], r["placement"], r["errors"][-1]), file=sys.stderr)
 
     result = {"benchmark": "pgbench TPC-B scale 1", "clients": a.clients, "duration_s": a.duration,
-              "reps": a.reps, "server_cpu": suite.SERVER_CPU, "synchronous_commit": "off", "fsync": "off",
+              "reps": a.reps, "server_cpu": SERVER_CPU, "synchronous_commit": "off", "fsync": "off",
               "host": platform.node(), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "cells": [], "speedup": {}}
     med = {}
-    order = ["tcp", "rdmasock"], list(suite.placements(a.placements.split(",")))
+    order = ["tcp", "rdmasock"], list(placements(a.placements.split(",")))
     for r in sorted(rows, key=lambda r: (order[0].index(r["kind"]), order[1].index(r["placement"]))):
         med[(r["kind"], r["placement"])] = r["median"]
         result["cells"].append({"impl": r["kind"], "placement": r["placement"], "cpus": r["cpus"],
@@ -75,14 +75,14 @@ def main(argv=None):
         result["speedup"]["best_vs_best"] = round(best_r / best_t, 3)
         lines.append("speed-up best placement vs best placement = %.2fx" % (best_r / best_t))
 
-    out = a.out or os.path.join(suite.RESULTS, "pgbench-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
+    out = a.out or os.path.join(RESULTS, "pgbench-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    for path in [out] + ([] if a.out else [os.path.join(suite.RESULTS, "pgbench-latest.json")]):
+    for path in [out] + ([] if a.out else [os.path.join(RESULTS, "pgbench-latest.json")]):
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
     print("\npgbench TPC-B scale 1, -c %d -T %d, synchronous_commit=off, median of %d (server on CPU %d)"
-          % (a.clients, a.duration, a.reps, suite.SERVER_CPU))
+          % (a.clients, a.duration, a.reps, SERVER_CPU))
     print("%-6s %-9s %10s   %s" % ("place", "impl", "tps", "runs / transport"))
     for c in result["cells"]:
         print("%-6s %-9s %10s   %s  %s" % (c["placement"], c["impl"], "%.1f" % c["tps_median"] if c["tps_median"]

@@ -1,10 +1,8 @@
 """RDMA rows of the pingpong benchmark, measured in the Soft-RoCE VM (issue 4 point 8, issue 5).
 
-    .venv/bin/python bench/rdma_vm.py [--reps 5] [--seconds 3]
-
-`rdmasock bench pingpong` (bench/suite.py, function pingpong_vm) runs this measurement and puts
-its rows into the pingpong table; run alone, this script is that part of the suite with its own
-report, bench/results/rdma-vm-<time>.{json,md}.
+`rdmasock bench pingpong` (pingpong.pingpong_vm) runs this measurement and puts its rows into
+the pingpong table.  The VM exists only in a source checkout (scripts/softroce/): an installed
+rdmasock reports the rows as not measured, with that reason.
 
 Boots the VM (scripts/softroce/run.sh, topology lo: rxe0 on the guest's loopback) and, on
 the same rxe device in the same run, measures 64-byte round trips of:
@@ -13,8 +11,8 @@ the same rxe device in the same run, measures 64-byte round trips of:
     LD_PRELOAD and RDMASOCK_TRANSPORTS=rdma (shm excluded); every connection must log
     transport=rdma, else the row is marked;
   - raw verbs: perftest's ib_write_lat -s 64 (its t_typical is half a round trip).
-Server on guest CPU 0, client on CPU 1 (taskset), interleaved repetitions (suite.run_variants
-inside the guest, with suite.sock_pair and suite.verdict), median/min/max in round trips/s.
+Server on guest CPU 0, client on CPU 1 (taskset), interleaved repetitions (common.run_variants
+inside the guest, with common.sock_pair and common.verdict), median/min/max in round trips/s.
 The guest is emulated (TCG): absolute figures are far from hardware; the ratios within the
 VM are what the run compares (target: rdma round trip at most 2x ib_write_lat's)."""
 import argparse
@@ -29,13 +27,10 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from . import servers as S
+from .common import Row, _err, compile_c, run_variants, sock_pair, stop, verdict
 
-import servers as S  # noqa: E402
-import suite  # noqa: E402  (suite imports this module only inside suite.pingpong_vm)
-
-REPO = S.REPO
+REPO = S.REPO                                            # the checkout this package lies in, if any
 RUN = os.path.join(REPO, "scripts", "softroce", "run.sh")
 VM_TESTS = os.path.join(REPO, "tests", "test_rdma_vm.py")
 WORK = os.path.join(REPO, ".cache", "rdma-bench")        # the guest sees the repository, not the host's /tmp
@@ -52,6 +47,9 @@ def vm_missing():
     """Why the VM cannot run here, or None: the test suite's check (tests/test_rdma_vm.py
     _vm_missing: QEMU, a guest kernel with rdma_rxe, pyverbs), plus perftest's ib_write_lat,
     which the guest runs from the host's (read-only) root."""
+    if not os.path.exists(RUN):
+        return ("the Soft-RoCE VM runs from a source checkout (scripts/softroce/run.sh), "
+                "which this installed rdmasock is not")
     try:
         spec = importlib.util.spec_from_file_location("_rdmasock_test_rdma_vm", VM_TESTS)
         mod = importlib.util.module_from_spec(spec)
@@ -75,10 +73,10 @@ def measure(reps, seconds, lib, echo=print):
     os.makedirs(WORK, exist_ok=True)
     job = tempfile.mkdtemp(prefix="run-", dir=WORK)
     try:
-        binary, out = suite.compile_c(job, ("sockbench",))["sockbench"], os.path.join(job, "rows.json")
+        binary, out = compile_c(job, ("sockbench",))["sockbench"], os.path.join(job, "rows.json")
         timeout = 600 + reps * 4 * (seconds + 30)
         cmd = [RUN, "--quiet", "--topology", "lo", "--timeout", str(int(timeout)), "--", sys.executable,
-               os.path.abspath(__file__), "--inner", "--reps", str(reps), "--seconds", str(seconds),
+               "-m", __name__, "--inner", "--reps", str(reps), "--seconds", str(seconds),
                "--binary", binary, "--lib", lib, "--out", out]
         t0 = time.monotonic()
         tail = []
@@ -119,10 +117,10 @@ def ib_write_lat(port):
     try:                                     # the client gives up if the server is not listening yet
         if not S.wait_until(lambda: srv.poll() is not None or listening(srv.pid, port), 60, interval=0.1) \
                 or srv.poll() is not None:
-            raise RuntimeError("ib_write_lat server not listening on port %d %s" % (port, suite._err(srv)))
+            raise RuntimeError("ib_write_lat server not listening on port %d %s" % (port, _err(srv)))
         out = S.run(S.pin(CPUS[1]) + base + ["127.0.0.1"], timeout=300).stdout.decode(errors="replace")
     finally:
-        suite.stop(srv, 60)
+        stop(srv, 60)
     m = re.search(r"^\s*64\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
     if not m:
         raise RuntimeError("ib_write_lat printed: %s" % out[-800:])
@@ -130,10 +128,10 @@ def ib_write_lat(port):
 
 
 def inner(a):
-    """Runs in the guest: the four variants through suite.run_variants; writes the rows to a.out."""
+    """Runs in the guest: the four variants through run_variants; writes the rows to a.out."""
     work = tempfile.mkdtemp(prefix="rs-rdma-vm-")      # the guest's private /tmp
     try:
-        rows = suite.run_variants("pingpong VM", guest_variants(a, S.make_log_file(work, "rdmasock.log")), a.reps,
+        rows = run_variants("pingpong VM", guest_variants(a, S.make_log_file(work, "rdmasock.log")), a.reps,
                                   lambda v: "%.0f rt/s" % v)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -142,21 +140,21 @@ def inner(a):
 
 
 def guest_variants(a, log_file):
-    """(suite.Row, fn) of the four variants, for suite.run_variants in the guest."""
+    """(Row, fn) of the four variants, for run_variants in the guest."""
     pre = {"LD_PRELOAD": a.lib, "RDMASOCK_TRANSPORTS": "rdma",
            "RDMASOCK_RDMA_DEVICE": os.environ.get("SOFTROCE_DEVICE", "rxe0")}
     variants = []
     for key, env in (("tcp", None), ("inline", pre), ("noinline", dict(pre, RDMASOCK_RDMA_INLINE="0"))):
         def fn(env=env):
             mark = S.log_size(log_file)
-            v, port = suite.sock_pair(a.binary, "tcp", "0", CPUS, False, "pingpong", 64, a.seconds,
+            v, port = sock_pair(a.binary, "tcp", "0", CPUS, False, "pingpong", 64, a.seconds,
                                       log_file if env else None, env)
-            return v, (suite.verdict(log_file, mark, port, expect="rdma") if env else "tcp")
-        variants.append((suite.Row("pingpong", NAMES[key], PLACEMENT, CPUS, "rt/s", baseline=env is None,
+            return v, (verdict(log_file, mark, port, expect="rdma") if env else "tcp")
+        variants.append((Row("pingpong", NAMES[key], PLACEMENT, CPUS, "rt/s", baseline=env is None,
                                    rdmasock=env is not None, kind="tcp" if env is None else "rdma",
                                    inline=None if env is None else key == "inline", expect="rdma", vm=True), fn))
     ports = itertools.count(18600)
-    variants.append((suite.Row("pingpong", NAMES["raw"], PLACEMENT, CPUS, "rt/s", kind="limit", vm=True),
+    variants.append((Row("pingpong", NAMES["raw"], PLACEMENT, CPUS, "rt/s", kind="limit", vm=True),
                      lambda: (1e6 / (2 * ib_write_lat(next(ports))), "rdma-verbs")))
     return variants
 
@@ -164,31 +162,16 @@ def guest_variants(a, log_file):
 # ---------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """In the guest (measure() starts it there): the measurement, rows written to --out."""
+    ap = argparse.ArgumentParser(description="the guest side of " + __name__)
+    ap.add_argument("--inner", action="store_true", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3)
-    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)      # in the guest:
-    ap.add_argument("--binary", help=argparse.SUPPRESS)                          # sockbench,
-    ap.add_argument("--lib", help=argparse.SUPPRESS)                             # librdmasock.so,
-    ap.add_argument("--out", help=argparse.SUPPRESS)                             # rows JSON
-    a = ap.parse_args(argv)
-    if a.inner:
-        inner(a)
-        return 0
-    args = suite.parse_args(["pingpong", "--reps", str(a.reps), "--duration", str(a.seconds)], prog="rdma_vm")
-    b = suite.pingpong_vm(args)
-    suite.print_table("pingpong", b)
-    stem = os.path.join(suite.RESULTS, "rdma-vm-%s" % time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(suite.RESULTS, exist_ok=True)
-    meta = {"reps": a.reps, "seconds": a.seconds, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "git": suite.git_state()}
-    with open(stem + ".json", "w") as f:
-        json.dump(dict(b, **meta), f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write("# rdmasock bench: pingpong in the Soft-RoCE VM (bench/rdma_vm.py)\n\n%s, %d repetition(s) of %s s%s"
-                "\n\n" % (meta["time"], a.reps, a.seconds, ", checkout " + suite.checkout_text(meta["git"])
-                          if meta["git"] else "") + "\n".join(suite.markdown_section(b)))
-    print("\nresults: %s.json, %s.md" % (stem, stem))
-    return 0 if all(r["status"] == "ok" for r in b["rows"]) else 1
+    ap.add_argument("--binary", required=True)                   # sockbench
+    ap.add_argument("--lib", required=True)                      # librdmasock.so
+    ap.add_argument("--out", required=True)                      # rows JSON
+    inner(ap.parse_args(argv))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""Real servers for the program tests (tests/programs/) and the benchmarks (bench/suite.py,
-which bench/pgbench_demo.py goes through, and bench/rdma_vm.py): PostgreSQL 15, redis-server and
+"""Real servers for the program tests (tests/programs/) and the benchmarks (this package): PostgreSQL 15, redis-server and
 `python3 -m http.server`, each started on 127.0.0.1 with a free port, optionally under
 `rdmasock run` (LD_PRELOAD), and stopped by PID.  Every wait here is bounded.
 
@@ -8,7 +7,7 @@ Also the two helpers all users need: `preload_cmd()` (argv prefix for `rdmasock 
 
 Permissions: PostgreSQL refuses to run as root, so initdb and postgres run as user
 `postgres` via setpriv.  Under the preload the postgres processes must then be able to read
-the venv's python, the rdmasock package and the preload library: check_user_can_preload()
+this interpreter, the rdmasock package and the preload library: check_user_can_preload()
 verifies that as `postgres` and fails with the offending path (namei -l) if not."""
 import os
 import pwd
@@ -23,8 +22,10 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# In a source checkout this directory is bench/, beside rdmasock/ and scripts/ (the Soft-RoCE
+# VM's); installed, it is rdmasock/bench and REPO has no scripts/.
 REPO = os.path.dirname(HERE)
-VENV_PY = os.path.join(REPO, ".venv", "bin", "python")
+VENV_PY = sys.executable               # the interpreter rdmasock is installed in
 SYS_PY = "/usr/bin/python3"        # Debian's 3.11.2: the interpreter the preload library is built against
 PG_BIN = "/usr/lib/postgresql/15/bin"
 PG_USER = "postgres"
@@ -283,8 +284,9 @@ def as_user(user):
 
 
 def check_user_can_preload(user, env):
-    """Raises ServerError unless user can run the venv python, import rdmasock and read the
+    """Raises ServerError unless user can run this python, import rdmasock and read the
     preload library (all needed for `rdmasock run` as that user)."""
+    import rdmasock
     lib = require_preload()
     probe = ("import os, sys, rdmasock; lib = sys.argv[1]; "
              "sys.exit(0 if os.access(lib, os.R_OK) else 'cannot read ' + lib)")
@@ -292,7 +294,7 @@ def check_user_can_preload(user, env):
         run(as_user(user) + [VENV_PY, "-c", probe, lib], timeout=60, env=env)
     except ServerError as exc:
         diag = []
-        for path in (VENV_PY, os.path.join(REPO, "rdmasock", "__init__.py"), lib):
+        for path in (VENV_PY, rdmasock.__file__, lib):
             d = run(["namei", "-l", path], timeout=10, check=False)
             diag.append(d.stdout.decode(errors="replace"))
         raise ServerError("user %r cannot use the preload (venv python, rdmasock package or library "

@@ -1,4 +1,4 @@
-"""One endpoint of the Python API ping-pong, run as its own (pinned) process by bench/suite.py.
+"""One endpoint of the Python API ping-pong, run as its own (pinned) process by bench/pingpong.py.
 
 usage: worker.py server IMPL PORTFILE          (serves one connection, any test)
        worker.py client IMPL PORT TEST SIZE N  (prints one JSON line)

@@ -1,11 +1,9 @@
 """rdmasock command line: run, preload-path, stat, doctor, demo, bench."""
 import argparse
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 
 def doctor(args):
@@ -36,20 +34,14 @@ def run(args):
         sys.exit("rdmasock run: %s: %s" % (cmd[0], exc.strerror))
 
 
-def _bench_script(name):
-    path = os.path.join(REPO, "bench", name)
-    if not os.path.exists(path):
-        sys.exit("rdmasock: %s not found (run from a source checkout)" % path)
-    return path
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:             # everything after `bench` goes to the suite (options too)
-        return subprocess.call([sys.executable, _bench_script("suite.py")] + argv[1:])
-    if argv[:1] == ["demo"]:              # the demo of scripts/demo.sh, on what this machine has
-        return subprocess.call([sys.executable, _bench_script("pgbench_demo.py"), "--reps", "3", "--duration", "8"]
-                               + argv[1:])
+        from .bench import cli as bench_cli
+        return bench_cli.main(argv[1:])
+    if argv[:1] == ["demo"]:              # what scripts/demo.sh runs, on what this machine has
+        from .bench import pgbench_demo
+        return pgbench_demo.main(["--reps", "3", "--duration", "8"] + argv[1:])
     ap = argparse.ArgumentParser(prog="rdmasock")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a command with rdmasock preloaded")
@@ -60,7 +52,7 @@ def main(argv=None):
     sub.add_parser("doctor", help="what this machine can use")
     sub.add_parser("demo", help="pgbench against PostgreSQL, TCP vs rdmasock (what scripts/demo.sh runs after "
                                 "setting the machine up)")
-    b = sub.add_parser("bench", help="benchmark suite (bench/suite.py: pingpong, stream, redis, pgbench, ...)")
+    b = sub.add_parser("bench", help="benchmark suite (rdmasock.bench: pingpong, stream, redis, pgbench, ...)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     if args.cmd == "doctor":

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
-exec .venv/bin/python bench/pgbench_demo.py --reps 3 --duration 8 "$@"
+exec .venv/bin/rdmasock demo "$@"                 # the same as `rdmasock demo` anywhere

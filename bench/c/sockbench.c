@@ -1,4 +1,4 @@
-/* sockbench.c - one endpoint of the suite's socket benchmarks (bench/suite.py), plain
+/* sockbench.c - one endpoint of the suite's socket benchmarks (bench/pingpong.py, stream.py, rdma_vm.py), plain
  * blocking read/write so that it runs unmodified with and without rdmasock's LD_PRELOAD.
  *   sockbench server tcp|unix ADDR            ADDR: port (0 = any; prints "port N") or path;
  *                                             serves one connection

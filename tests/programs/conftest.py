@@ -9,12 +9,12 @@ Every test runs in four pairings (the `ctx` fixture's parameter):
   plain   nothing preloaded: the harness baseline (correct, no log lines at all).
 A pairing that needs the preload fails (never skips) when `rdmasock run` is unavailable.
 
-Servers (bench/servers.py) listen on 127.0.0.1, each on a free port, and are stopped by PID.
+Servers (rdmasock.bench.servers) listen on 127.0.0.1, each on a free port, and are stopped by PID.
 Shared servers live for the session, one per (program, preloaded?); fault tests start fresh
 ones.  Every subprocess has a timeout.  Clients that embed Python are run with Debian's
 /usr/bin/python3 (3.11.2, the preload library's build base), not the `python3` on PATH.
 
-Helpers: preload_cmd(cmd, enabled) and parse_log(path) are defined in bench/servers.py (the
+Helpers: preload_cmd(cmd, enabled) and parse_log(path) are defined in rdmasock.bench.servers (the
 benchmarks use them too) and re-exported here; test modules import them, and the process
 helpers, from progutil.py (two conftest.py modules cannot both be imported by name)."""
 import hashlib
@@ -26,12 +26,10 @@ import tempfile
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "bench"))
 sys.path.insert(0, HERE)
 
-import servers as S  # noqa: E402
-from servers import parse_log, preload_cmd, addr_port, ServerError  # noqa: E402,F401
+from rdmasock.bench import servers as S  # noqa: E402
+from rdmasock.bench.servers import parse_log, preload_cmd, addr_port, ServerError  # noqa: E402,F401
 
 from progutil import PAIRINGS, Ctx, make_server  # noqa: E402
 

@@ -5,19 +5,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
+from rdmasock.bench import servers as S
+from rdmasock.bench.servers import parse_log, preload_cmd, addr_port, ServerError  # noqa: F401
+from rdmasock.reasons import MID_STREAM
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
-
-import servers as S  # noqa: E402
-from servers import parse_log, preload_cmd, addr_port, ServerError  # noqa: E402,F401
-from rdmasock.reasons import MID_STREAM  # noqa: E402
-
 ECHO_PROG = os.path.join(HERE, "echo_prog.py")
 LOG_WAIT = 8.0            # seconds to wait for the log to show every connection's outcome
 

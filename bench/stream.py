@@ -1,0 +1,43 @@
+"""stream: throughput of writes of 64 B .. 1 MiB, TCP vs rdmasock, and memcpy bandwidth as
+the limit."""
+import re
+
+from . import servers as S
+from .common import (RDMA_PLACEHOLDER, RUN_TIMEOUT, Row, SERVER_CPU, TARGETS, ratio_target, run_variants,
+                     set_ratios, sock_pair, verdict)
+
+
+STREAM_SIZES = (64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+
+
+def bench_stream(args, ctx):
+    secs = args.duration or (0.2 if args.quick else 0.5)
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(STREAM_SIZES)
+    places, bins, log_file = ctx["places"], ctx["bins"], ctx["log_file"]
+    variants = []
+    for size in sizes:
+        for pl, cpus in places.items():
+            for preload in ((False,) if args.tcp_only else (False, True)):
+                def fn(size=size, cpus=cpus, preload=preload):
+                    mark = S.log_size(log_file)
+                    v, port = sock_pair(bins["sockbench"], "tcp", "0", cpus, preload, "stream", size, secs,
+                                        log_file if preload else None)
+                    return v / 1e6, (verdict(log_file, mark, port) if preload else "tcp")
+                variants.append((Row("stream", "rdmasock shm (C via LD_PRELOAD)" if preload else "TCP (C)", pl,
+                                     cpus, "MB/s", baseline=not preload, rdmasock=preload, size=size,
+                                     kind="preload" if preload else "tcp"), fn))
+
+        def fn(size=size):
+            res = S.run(S.pin(SERVER_CPU) + [bins["memcpybw"], str(size), str(secs)], timeout=secs + RUN_TIMEOUT)
+            return float(re.search(r"bytes_per_s (\d+)", res.stdout.decode()).group(1)) / 1e6, "memcpy"
+        variants.append((Row("stream", "memcpy into 4 MiB ring (limit)", "one CPU", [SERVER_CPU], "MB/s",
+                             size=size, kind="limit"), fn))
+    rows = run_variants("stream", variants, args.reps, lambda v: "%.0f MB/s" % v)
+    set_ratios(rows, "tcp", keys=("size",))
+    set_ratios(rows, "limit", "vs_limit", keys=("size",), digits=3)
+    targets = ratio_target(rows, "64 KiB stream >= 3x TCP best", TARGETS["stream_64k_vs_tcp"], kind="preload",
+                           size=64 << 10)
+    summary = [RDMA_PLACEHOLDER]
+    return {"rows": rows, "summary": summary, "targets": targets,
+            "columns": ["size", "name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
+            "title": "stream: one connection, writes of SIZE bytes, MB/s (%.1f s per repetition)" % secs}
