@@ -6,6 +6,7 @@ The wheel is built as a user would build it (`pip wheel .`, with build isolation
 the checkout as it is (in-place build outputs of the editable install included), so a
 packaging regression fails here."""
 import glob
+import json
 import os
 import shutil
 import sys
@@ -217,3 +218,25 @@ def test_build_without_rdma_is_reported(area):
     assert doc["build"].startswith("NO RDMA: this build of rdmasock has no RDMA support"), doc
     assert "apt-get install libibverbs-dev" in doc["build"], doc
     assert doc["RDMA"].startswith("not usable: this build of rdmasock has no RDMA support"), doc
+
+
+def test_bench_from_the_wheel(area, wheel):
+    """`rdmasock bench` from an installed wheel, run outside any checkout: the suite ships in
+    the package (its C programs included), measures the host rows, and says why the Soft-RoCE
+    VM rows need a source checkout instead of looking for one."""
+    venv = os.path.join(area, "plain-venv")
+    if not os.path.exists(venv):
+        venv = _venv(area, "plain-venv", wheel)
+    out = os.path.join(area, "bench-out")
+    p = subprocess.run([os.path.join(venv, "bin", "rdmasock"), "bench", "pingpong", "--quick", "--no-plots",
+                        "--placements", "cross", "--out-dir", out], cwd=area, capture_output=True, text=True,
+                       timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    found = glob.glob(os.path.join(out, "pingpong-*.json"))
+    assert len(found) == 1, found
+    with open(found[0]) as f:
+        rows = json.load(f)["results"]["pingpong"]["rows"]
+    host = [r for r in rows if not r.get("vm")]
+    assert host and all(r["status"] == "ok" for r in host), [(r["name"], r["status"]) for r in host]
+    vm = [r for r in rows if r.get("vm")]
+    assert vm and all("source checkout" in r["status"] for r in vm), [(r["name"], r["status"]) for r in vm]
