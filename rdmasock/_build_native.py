@@ -34,16 +34,20 @@ struct rs_tx {
     uint8_t fin_sent;
     ...;
 };
+struct rs_rx_pre {
+    uint8_t active;
+    uint8_t lazy;
+    uint32_t left;
+    uint64_t bytes;
+    ...;
+};
 struct rs_rx {
     uint64_t bytes;
     uint64_t records;
     uint64_t sleeps;
     uint64_t bells_drained;
     uint8_t fin_seen;
-    uint8_t pre;
-    uint8_t pre_lazy;
-    uint32_t pre_left;
-    uint64_t pre_bytes;
+    struct rs_rx_pre pre;
     ...;
 };
 typedef struct rs_conn {

@@ -372,7 +372,7 @@ class socket(_base):
         """The declined server has unwrapped the client's preamble: plain TCP from now on
         (a reader shared with other objects is freed by the last of them)."""
         c = self._rxpre
-        if c is not None and not c.rx.pre:
+        if c is not None and not c.rx.pre.active:
             self._rxpre = None
             if self._link is None:
                 lib.rs_conn_free(c)
@@ -595,7 +595,7 @@ class socket(_base):
         try:
             return send(self, data, flags)
         except (BrokenPipeError, ConnectionResetError):
-            if self._wrote_to_gone or not self._rxpre.rx.pre:
+            if self._wrote_to_gone or not self._rxpre.rx.pre.active:
                 raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)) from None
             self._wrote_to_gone = True
             return None if send is _base.sendall else len(memoryview(data).cast("B"))
@@ -804,7 +804,7 @@ class socket(_base):
             return self._app_tcp[args[1]]
         if c is not None and args[:2] == (_socket.IPPROTO_TCP, _socket.TCP_INFO) and len(args) == 3:
             info = bytearray(_base.getsockopt(self, *args))     # counts the stream, not the socket
-            lib.rs_conn_tcp_info(c, c.rx.bytes + c.rx.pre_bytes, c.tx.bytes + self._pre_sent,
+            lib.rs_conn_tcp_info(c, c.rx.bytes + c.rx.pre.bytes, c.tx.bytes + self._pre_sent,
                                  ffi.from_buffer(info), len(info))
             return bytes(info)
         h = self._hs

@@ -192,10 +192,10 @@ def after_answer(side, outcome, fd):
         pre = lib.rs_conn_new_tcp(fd)
         if pre == ffi.NULL:
             raise MemoryError("rdmasock: no memory for a connection")
-    pre.rx.pre = 1
+    pre.rx.pre.active = 1
     # A lazy client sends SWITCH lazily only after an ACCEPT: then there is none in flight
     # to wait for at close (rs_pre_quiesce); after a DECLINE it comes at once.
-    pre.rx.pre_lazy = outcome.lazy_switch and outcome.conn is not None
+    pre.rx.pre.lazy = outcome.lazy_switch and outcome.conn is not None
     return None if outcome.conn is not None else pre
 
 

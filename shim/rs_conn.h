@@ -19,6 +19,32 @@
 
 #define RS_ERRMSG_LEN 160
 
+/* A direction that moves from its ring to the TCP socket (rs_fallback.c). */
+struct rs_tx_move {
+    uint8_t  state;           /* 0 ring, 1 RESYNC frame and resend pending, 2 plain TCP */
+    uint8_t  shut_pending;    /* FIN to send as a TCP half-close once the resend is out */
+    uint8_t  out_len, out_sent;
+    uint8_t  out[16];         /* our RESYNC frame */
+    uint32_t resend_off;      /* payload bytes of the record at resend_pos already resent */
+    uint64_t resend_pos, resend_end;   /* shadow ring positions still to resend */
+};
+struct rs_rx_move {
+    uint8_t  state;           /* 0 ring, 1 doorbells before the frame, 2 frame, 3 repeat, 4 plain TCP */
+    uint8_t  in_got;
+    uint8_t  in[16];          /* the peer's RESYNC frame */
+    uint64_t skip;            /* bytes the peer repeats that we already delivered */
+};
+
+/* Server: the client's first bytes, sent before our answer, come as preamble frames on the
+ * TCP socket, ended by a SWITCH frame (rs_preamble.c). */
+struct rs_rx_pre {
+    uint8_t  active;          /* preamble frames come first */
+    uint8_t  lazy;            /* ... and the client sends SWITCH only with records or bytes after it */
+    uint8_t  seen;            /* a preamble frame header (DATA or SWITCH) was read */
+    uint32_t left;            /* payload bytes left in the open preamble frame */
+    uint64_t bytes;           /* payload handed to the application from preamble frames */
+};
+
 /* Transmit state: records go into the peer's receive ring.  Changed under `lock`. */
 struct rs_tx {
     rs_lock_t lock;
@@ -36,13 +62,7 @@ struct rs_tx {
                                * edge-triggered EPOLLOUT is due when room follows one */
     uint64_t stall_head;      /* credit when the ring was first seen full (rs_tx_stalled) */
     uint64_t stall_since;     /* ... and when, 0 if not full */
-    /* rdma fallback, or a stalled shm ring moved to TCP (rs_fallback.c) */
-    uint8_t  fb;              /* 0 ring, 1 RESYNC frame and resend pending, 2 plain TCP */
-    uint8_t  fb_shut_pending; /* FIN to send as a TCP half-close once the resend is out */
-    uint8_t  fb_out_len, fb_out_sent;
-    uint8_t  fb_out[16];      /* our RESYNC frame */
-    uint32_t fb_resend_off;   /* payload bytes of the record at fb_resend_pos already resent */
-    uint64_t fb_resend_pos, fb_resend_end;   /* shadow ring positions still to resend */
+    struct rs_tx_move move;   /* the direction's move to TCP */
 } __attribute__((aligned(64)));
 
 /* Receive state: records arrive in our ring.  Changed under `lock`. */
@@ -60,28 +80,20 @@ struct rs_rx {
     uint8_t  fin_seen;        /* peer's FIN (or RESET) record consumed: reads end */
     uint8_t  peer_reset;      /* ... and it was RESET: ECONNRESET after the data before it */
     uint8_t  shut_rd;         /* shutdown(SHUT_RD): reads take what is there, then 0 */
-    uint8_t  pre;             /* server: the client's preamble frames come first (rs_preamble.c) */
-    uint8_t  pre_lazy;        /* ... and the client sends SWITCH only with records or bytes after it */
     uint8_t  lazy_tidy;       /* preload: its hooks answer readiness from the ring, so doorbells of
                                * consumed records may stay pending (no tidy system calls), and a
                                * non-blocking receive that finds nothing does not arm (rs_doorbell.c) */
     uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
     uint8_t  flags_unseen;    /* the program's fcntl calls are not seen (Python API): O_ASYNC is
                                * looked up on the socket when going idle */
-    uint32_t pre_left;        /* payload bytes left in the open preamble frame */
-    uint64_t pre_bytes;       /* payload handed to the application from preamble frames */
     uint8_t  anc_opts;        /* receive options the program set (rs_report.c), 0 unknown */
-    uint8_t  pre_seen;        /* a preamble frame header (DATA or SWITCH) was read */
     uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
     uint32_t suspect_lw, suspect_footer;
     struct rs_spin spin;      /* spin-then-block budget of a receive, at most spin_ns (rs_wait.h) */
     uint64_t records, sleeps;
-    /* rdma fallback (rs_fallback.c) */
-    uint8_t  fb;              /* 0 ring, 1 doorbells before the frame, 2 frame, 3 repeat, 4 plain TCP */
-    uint8_t  fb_in_got;
-    uint8_t  fb_in[16];       /* the peer's RESYNC frame */
-    uint64_t fb_skip;         /* bytes the peer repeats that we already delivered */
+    struct rs_rx_pre pre;     /* the client's preamble */
+    struct rs_rx_move move;   /* the direction's move to TCP */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -255,7 +267,7 @@ int      rs_tx_arm_credit_locked(rs_conn *c);
  * that may have lost records at once, after a move only from the peer's MOVED record on. */
 static inline int rs_rx_on_tcp(rs_conn *c)
 {
-    return c->ops->lossy_failure ? RS_GET(c->fb) : __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) != 0;
+    return c->ops->lossy_failure ? RS_GET(c->fb) : __atomic_load_n(&c->rx.move.state, __ATOMIC_ACQUIRE) != 0;
 }
 
 /* rs_fallback.c */

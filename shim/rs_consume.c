@@ -84,7 +84,7 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
  * keeps writing behind the cursor. */
 size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 {
-    if (c->rx.fb) return 0;                     /* the ring is done (rs_fallback.c) */
+    if (c->rx.move.state) return 0;                     /* the ring is done (rs_fallback.c) */
     struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     size_t got = 0;
     int fin = 0, moved = 0;
@@ -143,8 +143,8 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
  * rx_lock). */
 int rs_rx_ready_locked(rs_conn *c)
 {
-    if (c->rx.pre || !c->rx.ring) return 0;        /* the kernel socket tells */
-    if (c->rx.fb) return rs_fb_rx_ready(c);
+    if (c->rx.pre.active || !c->rx.ring) return 0;        /* the kernel socket tells */
+    if (c->rx.move.state) return rs_fb_rx_ready(c);
     if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err) || c->rx.shut_rd) return 1;
     uint8_t dummy;
     rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
@@ -160,9 +160,9 @@ static int pre_ready(rs_conn *c);
 int rs_rx_ready(rs_conn *c)
 {
     if (!c->rx.ring) return 0;
-    if (RS_GET(c->rx.pre)) rs_pre_settle(c);
+    if (RS_GET(c->rx.pre.active)) rs_pre_settle(c);
     rs_lock(&c->rx.lock);
-    int r = c->rx.pre ? pre_ready(c) : rs_rx_ready_locked(c);
+    int r = c->rx.pre.active ? pre_ready(c) : rs_rx_ready_locked(c);
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -200,7 +200,7 @@ static ssize_t pre_available(rs_conn *c)
     long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) return 0;
     size_t pos = 0, len = (size_t)n;
-    uint32_t left = c->rx.pre_left;
+    uint32_t left = c->rx.pre.left;
     ssize_t total = 0;
     for (;;) {
         size_t take = left < len - pos ? left : len - pos;
@@ -230,7 +230,7 @@ uint64_t rs_rx_produced(rs_conn *c)
 {
     if (!c->rx.ring) return 0;
     rs_lock(&c->rx.lock);
-    uint64_t r = c->rx.bytes + (uint64_t)(c->rx.fb ? rs_fb_rx_available(c) : ring_available(c));
+    uint64_t r = c->rx.bytes + (uint64_t)(c->rx.move.state ? rs_fb_rx_available(c) : ring_available(c));
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -238,7 +238,7 @@ uint64_t rs_rx_produced(rs_conn *c)
 ssize_t rs_rx_available(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
-    ssize_t r = c->rx.pre ? pre_available(c) : !c->rx.ring ? 0 : c->rx.fb ? rs_fb_rx_available(c) : ring_available(c);
+    ssize_t r = c->rx.pre.active ? pre_available(c) : !c->rx.ring ? 0 : c->rx.move.state ? rs_fb_rx_available(c) : ring_available(c);
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -352,7 +352,7 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
     rs_tx_switch(c);            /* a client's first read ends the server's preamble too */
     if (flags & RS_MSG_TRUNC) return recv_discard(c, len, flags & ~RS_MSG_TRUNC, timeout_ms);
     uint64_t deadline = rs_deadline(timeout_ms);      /* one timeout for the whole call */
-    while (RS_GET(c->rx.pre)) {
+    while (RS_GET(c->rx.pre.active)) {
         ssize_t r = rs_pre_recv(c, (uint8_t *)buf + got, len - (size_t)got, flags,
                                 timeout_ms > 0 ? rs_ms_until(deadline) : timeout_ms);
         if (r == RS_PRE_OVER) break;

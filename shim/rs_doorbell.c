@@ -68,7 +68,7 @@ int rs_bell_read_result(rs_conn *c, long n)
 void rs_tx_flush_bell(rs_conn *c)
 {
     rs_tx_switch(c);                                    /* our first records are out */
-    if (c->tx.fb) return;                               /* after a RESYNC frame only the stream */
+    if (c->tx.move.state) return;                               /* after a RESYNC frame only the stream */
     c->ops->flush(c);
 }
 
@@ -106,7 +106,7 @@ int rs_rx_go_idle_locked(rs_conn *c)
         long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
         if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
     }
-    if (c->rx.pre) return 0;                            /* preamble bytes on the socket are data */
+    if (c->rx.pre.active) return 0;                            /* preamble bytes on the socket are data */
     return c->ops->go_idle(c);
 }
 
@@ -121,15 +121,15 @@ int rs_rx_go_idle(rs_conn *c)
 /* A non-blocking receive found the ring empty: 1 if a record is there after all. */
 int rs_rx_nonblock_empty(rs_conn *c)
 {
-    if (c->rx.fb) return rs_fb_rx_ready(c);
-    if (!c->rx.lazy_tidy || c->rx.pre) return rs_rx_go_idle_locked(c);
+    if (c->rx.move.state) return rs_fb_rx_ready(c);
+    if (!c->rx.lazy_tidy || c->rx.pre.active) return rs_rx_go_idle_locked(c);
     return c->ops->nonblock_empty(c);
 }
 
 /* After a recv emptied the ring (caller holds rx_lock). */
 void rs_rx_tidy(rs_conn *c)
 {
-    if (c->rx.pre || c->rx.fb) return;
+    if (c->rx.pre.active || c->rx.move.state) return;
     c->ops->tidy(c);
 }
 
@@ -150,10 +150,10 @@ void rs_rx_bell_every(rs_conn *c, int on)
  * still in flight to the peer, which after a move to TCP (6.8) is stream data. */
 void rs_quiesce_bells(rs_conn *c)
 {
-    if (RS_GET(c->rx.pre) && !rs_pre_quiesce(c, RS_QUIESCE_NS)) return;
+    if (RS_GET(c->rx.pre.active) && !rs_pre_quiesce(c, RS_QUIESCE_NS)) return;
     if (RS_GET(c->tcp_eof)) return;
     rs_lock(&c->rx.lock);
-    if (!c->rx.fb) c->ops->quiesce(c);                  /* not once the socket is the peer's stream */
+    if (!c->rx.move.state) c->ops->quiesce(c);                  /* not once the socket is the peer's stream */
     rs_unlock(&c->rx.lock);
 }
 

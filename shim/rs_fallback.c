@@ -64,7 +64,7 @@ void rs_fb_begin(rs_conn *c, int reason)
 
 static void update_done(rs_conn *c)
 {
-    if (c->tx.fb == TX_PLAIN && c->rx.fb == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
+    if (c->tx.move.state == TX_PLAIN && c->rx.move.state == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
 }
 
 static int wait_sock(rs_conn *c, short events, uint64_t deadline)
@@ -76,14 +76,14 @@ static int wait_sock(rs_conn *c, short events, uint64_t deadline)
 
 static void put_frame(rs_conn *c, uint64_t resume)
 {
-    uint8_t *f = c->tx.fb_out;
+    uint8_t *f = c->tx.move.out;
     memset(f, 0, RS_RESYNC_LEN);
     f[0] = RS_BELL_RESYNC;
     f[1] = RS_RESYNC_VERSION;
     put_le(f + 4, rs_footer(c->salt, resume, RS_RESYNC_TAG), 4);
     put_le(f + 8, resume, 8);
-    c->tx.fb_out_len = RS_RESYNC_LEN;
-    c->tx.fb_out_sent = 0;
+    c->tx.move.out_len = RS_RESYNC_LEN;
+    c->tx.move.out_sent = 0;
 }
 
 /* Reliable transport (caller holds tx_lock): every byte so far is in the peer's ring, in
@@ -95,8 +95,8 @@ static void tx_start_at_moved(rs_conn *c)
         rs_tx_put_moved(c);
         put_frame(c, c->tx.bytes);
     }
-    c->tx.fb_resend_pos = c->tx.fb_resend_end = 0;
-    c->tx.fb = c->tx.fin_sent ? TX_PLAIN : TX_RESEND;
+    c->tx.move.resend_pos = c->tx.move.resend_end = 0;
+    c->tx.move.state = c->tx.fin_sent ? TX_PLAIN : TX_RESEND;
     update_done(c);
 }
 
@@ -113,11 +113,11 @@ static void tx_start(rs_conn *c)
     }
     c->ops->silence(c);                            /* no doorbell byte may follow the frame */
     put_frame(c, c->tx.bytes - unacked);
-    c->tx.fb_resend_pos = c->tx.head_seen;
-    c->tx.fb_resend_end = c->tx.pos;
-    c->tx.fb_resend_off = 0;
-    if (c->tx.fin_sent) c->tx.fb_shut_pending = 1;
-    c->tx.fb = TX_RESEND;
+    c->tx.move.resend_pos = c->tx.head_seen;
+    c->tx.move.resend_end = c->tx.pos;
+    c->tx.move.resend_off = 0;
+    if (c->tx.fin_sent) c->tx.move.shut_pending = 1;
+    c->tx.move.state = TX_RESEND;
 }
 
 static void shut_wr(rs_conn *c)
@@ -137,29 +137,29 @@ static int tx_broken(rs_conn *c, long n)
 static int tx_pump(rs_conn *c)
 {
     if (!rs_tx_switch(c)) return 0;
-    while (c->tx.fb_out_sent < c->tx.fb_out_len) {
-        long n = rs_c_send(c, c->tx.fb_out + c->tx.fb_out_sent, c->tx.fb_out_len - c->tx.fb_out_sent,
+    while (c->tx.move.out_sent < c->tx.move.out_len) {
+        long n = rs_c_send(c, c->tx.move.out + c->tx.move.out_sent, c->tx.move.out_len - c->tx.move.out_sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) return n == -EAGAIN ? 0 : tx_broken(c, n);
-        c->tx.fb_out_sent += (uint8_t)n;
+        c->tx.move.out_sent += (uint8_t)n;
     }
-    while (c->tx.fb_resend_pos < c->tx.fb_resend_end) {
-        uint32_t off = (uint32_t)(c->tx.fb_resend_pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
-        if (lw >= RS_LEN_CTL_MIN || c->tx.fb_resend_off == lw) {
-            c->tx.fb_resend_pos += rs_rec_span(c, c->tx.fb_resend_pos, lw);
-            c->tx.fb_resend_off = 0;
+    while (c->tx.move.resend_pos < c->tx.move.resend_end) {
+        uint32_t off = (uint32_t)(c->tx.move.resend_pos & c->mask), lw = *(uint32_t *)(c->tx.ring + off);
+        if (lw >= RS_LEN_CTL_MIN || c->tx.move.resend_off == lw) {
+            c->tx.move.resend_pos += rs_rec_span(c, c->tx.move.resend_pos, lw);
+            c->tx.move.resend_off = 0;
             continue;
         }
-        long n = rs_c_send(c, c->tx.ring + off + 4 + c->tx.fb_resend_off, lw - c->tx.fb_resend_off,
+        long n = rs_c_send(c, c->tx.ring + off + 4 + c->tx.move.resend_off, lw - c->tx.move.resend_off,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) return n == -EAGAIN ? 0 : tx_broken(c, n);
-        c->tx.fb_resend_off += (uint32_t)n;
+        c->tx.move.resend_off += (uint32_t)n;
     }
-    if (c->tx.fb_shut_pending) {
-        c->tx.fb_shut_pending = 0;
+    if (c->tx.move.shut_pending) {
+        c->tx.move.shut_pending = 0;
         shut_wr(c);                                /* the FIN record's meaning, in TCP terms */
     }
-    c->tx.fb = TX_PLAIN;
+    c->tx.move.state = TX_PLAIN;
     update_done(c);
     return 1;
 }
@@ -168,8 +168,8 @@ static int tx_pump(rs_conn *c)
  * tx_pump's result, 1 if nothing is pending. */
 static int tx_advance_locked(rs_conn *c)
 {
-    if (c->tx.fb == TX_RING) tx_start(c);
-    return c->tx.fb == TX_RESEND ? tx_pump(c) : 1;
+    if (c->tx.move.state == TX_RING) tx_start(c);
+    return c->tx.move.state == TX_RESEND ? tx_pump(c) : 1;
 }
 
 static int tx_advance(rs_conn *c)
@@ -184,12 +184,12 @@ static int tx_advance(rs_conn *c)
 void rs_fb_kick(rs_conn *c)
 {
     rs_tx_switch(c);
-    if (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) tx_advance(c);
+    if (RS_GET(c->fb) && c->tx.move.state != TX_PLAIN) tx_advance(c);
 }
 
 int rs_fb_tx_pending(rs_conn *c)
 {
-    return (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) || RS_GET(c->switch_due);
+    return (RS_GET(c->fb) && c->tx.move.state != TX_PLAIN) || RS_GET(c->switch_due);
 }
 
 /* Frame and resend first (the application already counted them as sent), then straight
@@ -233,8 +233,8 @@ int rs_fb_move_tx(rs_conn *c, int reason, int timeout_ms)
 /* Half-close while falling back (caller holds tx_lock): a TCP FIN after the resend. */
 void rs_fb_shutdown(rs_conn *c)
 {
-    c->tx.fb_shut_pending = 1;
-    if (c->tx.fb == TX_PLAIN) { c->tx.fb_shut_pending = 0; shut_wr(c); }
+    c->tx.move.shut_pending = 1;
+    if (c->tx.move.state == TX_PLAIN) { c->tx.move.shut_pending = 0; shut_wr(c); }
     else tx_advance_locked(c);               /* the half-close follows the resend */
 }
 
@@ -254,8 +254,8 @@ int rs_fb_finish_tx(rs_conn *c, int timeout_ms)
 /* Caller holds tx_lock. */
 int rs_fb_tx_writable(rs_conn *c)
 {
-    if (RS_GET(c->fb) && c->tx.fb != TX_PLAIN) tx_advance_locked(c);
-    if (c->tx.fb != TX_PLAIN) return RS_GET(c->tcp_eof);          /* resend still going out */
+    if (RS_GET(c->fb) && c->tx.move.state != TX_PLAIN) tx_advance_locked(c);
+    if (c->tx.move.state != TX_PLAIN) return RS_GET(c->tcp_eof);          /* resend still going out */
     short re;
     return rs_c_poll(c, POLLOUT, 0, &re) > 0;
 }
@@ -267,7 +267,7 @@ int rs_fb_tx_writable(rs_conn *c)
 static int rx_resync_locked(rs_conn *c)
 {
     uint8_t buf[512];
-    while (c->rx.fb == RX_BELLS) {
+    while (c->rx.move.state == RX_BELLS) {
         long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) return RESYNC_EOF;                     /* the peer died before writing it */
         if (n < 0) return n == -EAGAIN ? 0 : n == -ECONNRESET ? RESYNC_EOF : (int)n;
@@ -282,23 +282,23 @@ static int rx_resync_locked(rs_conn *c)
             rs_conn_set_error(c, EPROTO, "rdmasock: garbage byte 0x%02x before the peer's RESYNC frame", next);
             return -EPROTO;
         }
-        c->rx.fb = RX_FRAME;
+        c->rx.move.state = RX_FRAME;
     }
-    while (c->rx.fb == RX_FRAME) {
-        long n = rs_c_recv(c, c->rx.fb_in + c->rx.fb_in_got, RS_RESYNC_LEN - c->rx.fb_in_got, MSG_DONTWAIT);
+    while (c->rx.move.state == RX_FRAME) {
+        long n = rs_c_recv(c, c->rx.move.in + c->rx.move.in_got, RS_RESYNC_LEN - c->rx.move.in_got, MSG_DONTWAIT);
         if (n == 0) {
             rs_conn_set_error(c, EPROTO, "rdmasock: the connection ended inside the peer's RESYNC frame "
-                              "(%u of %u bytes)", c->rx.fb_in_got, RS_RESYNC_LEN);
+                              "(%u of %u bytes)", c->rx.move.in_got, RS_RESYNC_LEN);
             return -EPROTO;
         }
         if (n < 0) return n == -EAGAIN ? 0 : (int)n;
-        c->rx.fb_in_got += (uint8_t)n;
-        if (c->rx.fb_in_got < RS_RESYNC_LEN) continue;
-        uint64_t resume = get_le(c->rx.fb_in + 8, 8);
-        if (c->rx.fb_in[1] != RS_RESYNC_VERSION || c->rx.fb_in[2] || c->rx.fb_in[3] ||
-            get_le(c->rx.fb_in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
+        c->rx.move.in_got += (uint8_t)n;
+        if (c->rx.move.in_got < RS_RESYNC_LEN) continue;
+        uint64_t resume = get_le(c->rx.move.in + 8, 8);
+        if (c->rx.move.in[1] != RS_RESYNC_VERSION || c->rx.move.in[2] || c->rx.move.in[3] ||
+            get_le(c->rx.move.in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt RESYNC frame from the peer (version %u, offset %llu)",
-                              c->rx.fb_in[1], (unsigned long long)resume);
+                              c->rx.move.in[1], (unsigned long long)resume);
             return -EPROTO;
         }
         if (resume > c->rx.bytes || c->rx.bytes - resume > c->ring_size) {
@@ -306,21 +306,21 @@ static int rx_resync_locked(rs_conn *c)
                               "were delivered", (unsigned long long)resume, (unsigned long long)c->rx.bytes);
             return -EPROTO;
         }
-        c->rx.fb_skip = c->rx.bytes - resume;
-        c->rx.fb = RX_REPEAT;
+        c->rx.move.skip = c->rx.bytes - resume;
+        c->rx.move.state = RX_REPEAT;
     }
-    while (c->rx.fb == RX_REPEAT && c->rx.fb_skip) {
-        long n = rs_c_recv(c, buf, c->rx.fb_skip < sizeof buf ? c->rx.fb_skip : sizeof buf, MSG_DONTWAIT);
+    while (c->rx.move.state == RX_REPEAT && c->rx.move.skip) {
+        long n = rs_c_recv(c, buf, c->rx.move.skip < sizeof buf ? c->rx.move.skip : sizeof buf, MSG_DONTWAIT);
         if (n == 0) {
             rs_conn_set_error(c, EPROTO, "rdmasock: the connection ended while the peer resent bytes "
-                              "(%llu still to come)", (unsigned long long)c->rx.fb_skip);
+                              "(%llu still to come)", (unsigned long long)c->rx.move.skip);
             return -EPROTO;
         }
         if (n < 0) return n == -EAGAIN ? 0 : (int)n;
-        c->rx.fb_skip -= (uint64_t)n;
+        c->rx.move.skip -= (uint64_t)n;
     }
-    if (c->rx.fb == RX_REPEAT) {
-        c->rx.fb = RX_PLAIN;
+    if (c->rx.move.state == RX_REPEAT) {
+        c->rx.move.state = RX_PLAIN;
         update_done(c);
     }
     return 1;
@@ -329,21 +329,21 @@ static int rx_resync_locked(rs_conn *c)
 /* Caller holds rx_lock. */
 static int rx_resync(rs_conn *c)
 {
-    return c->rx.fb == RX_PLAIN ? 1 : rx_resync_locked(c);
+    return c->rx.move.state == RX_PLAIN ? 1 : rx_resync_locked(c);
 }
 
 /* A lossy transport failed: the ring has nothing more for us, from here on only the socket
  * (caller decided).  Otherwise the ring is left at the peer's MOVED record (rs_fb_rx_moved). */
 static void rx_leave_ring(rs_conn *c)
 {
-    if (c->rx.fb == RX_RING && c->ops->lossy_failure) c->rx.fb = RX_BELLS;
+    if (c->rx.move.state == RX_RING && c->ops->lossy_failure) c->rx.move.state = RX_BELLS;
 }
 
 /* The consumer took the peer's MOVED record (caller holds rx_lock): the rest of this
  * direction is on the socket, and ours follows it there. */
 void rs_fb_rx_moved(rs_conn *c)
 {
-    __atomic_store_n(&c->rx.fb, RX_BELLS, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->rx.move.state, RX_BELLS, __ATOMIC_RELEASE);
     rs_fb_begin(c, RS_REASON_PEER_MOVED);
 }
 
@@ -351,7 +351,7 @@ void rs_fb_rx_moved(rs_conn *c)
  * from the socket. */
 int rs_fb_rx_plain(rs_conn *c)
 {
-    return __atomic_load_n(&c->rx.fb, __ATOMIC_ACQUIRE) == RX_PLAIN;
+    return __atomic_load_n(&c->rx.move.state, __ATOMIC_ACQUIRE) == RX_PLAIN;
 }
 
 ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
@@ -404,7 +404,7 @@ int rs_fb_rx_ready(rs_conn *c)
 /* FIONREAD once the ring is done. */
 long rs_fb_rx_available(rs_conn *c)
 {
-    if (c->rx.fb != RX_PLAIN) return 0;
+    if (c->rx.move.state != RX_PLAIN) return 0;
     int n = 0;
     long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
     rs_fd_leave(c);

@@ -160,8 +160,8 @@ static long peek_len(rs_conn *c)
     return rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK);
 }
 
-/* Server side, while c->rx.pre: reads the next frame header.  1 = a DATA frame is open
- * (c->rx.pre_left set) or SWITCH was seen (c->rx.pre cleared), 0 = EOF before a header,
+/* Server side, while c->rx.pre.active: reads the next frame header.  1 = a DATA frame is open
+ * (c->rx.pre.left set) or SWITCH was seen (c->rx.pre.active cleared), 0 = EOF before a header,
  * -errno otherwise (-EAGAIN: not there yet). */
 static int read_header(rs_conn *c)
 {
@@ -173,14 +173,14 @@ static int read_header(rs_conn *c)
          * doorbell bytes it left unread).  What it wrote is in the ring, and the end reads
          * as it does on the ring: end of stream, or a reset if it left our data unread. */
         RS_SET(c->tcp_eof, 1);
-        RS_SET(c->rx.pre, 0);
+        RS_SET(c->rx.pre.active, 0);
         return 1;
     }
     if (n == 0) return 0;
     /* A client that closed right after its HELLO, having sent nothing: our ACCEPT reached
      * a closed socket (or sat unread in it) and its kernel answered with a reset.  Over
      * TCP that close is an end of stream, so it is one here. */
-    if (n == -ECONNRESET && !c->rx.bytes && !c->rx.pre_seen) return 0;
+    if (n == -ECONNRESET && !c->rx.bytes && !c->rx.pre.seen) return 0;
     if (n < 0) return (int)n;
     if (n < RS_PRE_HDR) {
         /* Frames are written whole: the rest is in flight (or the client died). */
@@ -199,9 +199,9 @@ static int read_header(rs_conn *c)
         return -EPROTO;
     }
     rs_c_recv(c, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
-    if (h[0] == RS_PRE_SWITCH) RS_SET(c->rx.pre, 0);
-    else c->rx.pre_left = len;
-    c->rx.pre_seen = 1;
+    if (h[0] == RS_PRE_SWITCH) RS_SET(c->rx.pre.active, 0);
+    else c->rx.pre.left = len;
+    c->rx.pre.seen = 1;
     return 1;
 }
 
@@ -210,14 +210,14 @@ static int read_header(rs_conn *c)
  * the preamble is over. */
 int rs_pre_settle(rs_conn *c)
 {
-    if (!RS_GET(c->rx.pre)) return 1;
+    if (!RS_GET(c->rx.pre.active)) return 1;
     if (!rs_trylock(&c->rx.lock)) return 0;            /* a reader is at it: it will see SWITCH */
-    if (c->rx.pre && !c->rx.pre_left && !RS_GET(c->err)) {
+    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err)) {
         uint8_t h[RS_PRE_HDR];
         long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
         if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
     }
-    int over = !c->rx.pre;
+    int over = !c->rx.pre.active;
     rs_unlock(&c->rx.lock);
     return over;
 }
@@ -229,11 +229,11 @@ int rs_pre_settle(rs_conn *c)
  * client's own data stay unread: TCP resets then too.  1 if the preamble is over. */
 int rs_pre_quiesce(rs_conn *c, uint64_t ns)
 {
-    if (c->rx.pre_lazy) ns = 0;                       /* its SWITCH is not in flight on its own */
+    if (c->rx.pre.lazy) ns = 0;                       /* its SWITCH is not in flight on its own */
     uint64_t until = rs_now_ns() + ns;
-    while (RS_GET(c->rx.pre)) {
+    while (RS_GET(c->rx.pre.active)) {
         if (rs_pre_settle(c)) return 1;
-        if (c->rx.pre_left || RS_GET(c->err)) return 0;
+        if (c->rx.pre.left || RS_GET(c->err)) return 0;
         uint8_t h;
         long n = rs_c_recv(c, &h, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n > 0 && h != RS_PRE_SWITCH) return 0;
@@ -252,14 +252,14 @@ int rs_pre_quiesce(rs_conn *c, uint64_t ns)
 static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
 {
     if (RS_GET(c->err)) return -RS_GET(c->err);
-    if (c->rx.pre_left == 0) {
+    if (c->rx.pre.left == 0) {
         long r = read_header(c);
-        if (r == 1) return c->rx.pre ? RS_PRE_AGAIN : RS_PRE_OVER;
+        if (r == 1) return c->rx.pre.active ? RS_PRE_AGAIN : RS_PRE_OVER;
         return r;
     }
-    size_t want = len < c->rx.pre_left ? len : c->rx.pre_left;
+    size_t want = len < c->rx.pre.left ? len : c->rx.pre.left;
     long r = rs_c_recv(c, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
-    if (r > 0 && !peek) { c->rx.pre_left -= (uint32_t)r; c->rx.pre_bytes += (uint64_t)r; }
+    if (r > 0 && !peek) { c->rx.pre.left -= (uint32_t)r; c->rx.pre.bytes += (uint64_t)r; }
     if (r == 0) {
         rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
         return -ECONNRESET;
@@ -278,7 +278,7 @@ ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
     for (;;) {
         rs_lock(&c->rx.lock);
         long r = pre_step(c, buf, len, peek);
-        int partial = r == -EAGAIN && c->rx.pre_left == 0 && peek_len(c) > 0;
+        int partial = r == -EAGAIN && c->rx.pre.left == 0 && peek_len(c) > 0;
         rs_unlock(&c->rx.lock);
         if (r == RS_PRE_AGAIN) continue;
         if (r != -EAGAIN) return r;

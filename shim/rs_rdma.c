@@ -470,8 +470,8 @@ static void drain_locked(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     uint8_t buf[256];
-    if (c->rx.fb) return;
-    for (int i = 0; i < 64 && !c->rx.fb; i++) {     /* also after EOF: a frame may precede it */
+    if (c->rx.move.state) return;
+    for (int i = 0; i < 64 && !c->rx.move.state; i++) {     /* also after EOF: a frame may precede it */
         long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
         if (n == -ECONNRESET)           /* a reset discards what was queued, a frame too */
             rs_conn_set_error(c, ECONNRESET, "rdmasock: the peer reset the connection "

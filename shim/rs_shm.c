@@ -174,7 +174,7 @@ static void credit_bell(rs_conn *c)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
     rs_lock(&c->tx.lock);
-    if (!c->tx.fb && __atomic_exchange_n(&k->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
+    if (!c->tx.move.state && __atomic_exchange_n(&k->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
         __atomic_fetch_add(&k->credit_bells, 1, __ATOMIC_SEQ_CST);
         if (!send_counted(c, RS_BELL_CREDIT, &k->credit_bells)) __atomic_store_n(&k->tx_waiting, 1, __ATOMIC_SEQ_CST);
     }
@@ -230,7 +230,7 @@ static uint64_t bells_counted(rs_conn *c)
 static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
-    if (c->rx.fb) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
+    if (c->rx.move.state) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
@@ -280,7 +280,7 @@ static void shm_tidy(rs_conn *c)
 
 static void shm_bell_every(rs_conn *c, int on)
 {
-    if (c->rx.fb) return;
+    if (c->rx.move.state) return;
     if (on) __atomic_store_n(&c->rx.ctl->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
     else {
         uint32_t every = RS_WANT_EVERY;
@@ -360,7 +360,7 @@ const struct rs_transport rs_transport_shm = {
     .arm_credit = shm_arm_credit,
     .unread_at_peer = shm_unread_at_peer,
     .check_peer = nothing,                      /* the peer's MOVED record comes through the ring */
-    .silence = nothing,                         /* its bells stop at our tx.fb (credit_bell) */
+    .silence = nothing,                         /* its bells stop at our tx.move.state (credit_bell) */
     .publish_credit = shm_publish_credit,
     .go_idle = shm_go_idle,
     .nonblock_empty = shm_nonblock_empty,

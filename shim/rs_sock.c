@@ -303,7 +303,7 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
 int rs_sock_in_handshake(struct rs_sock *s)
 {
     int st = rs_sock_state(s);
-    return st == RS_CLIENT_HS || st == RS_SERVER_HS || (st == RS_RING && RS_GET(s->conn->rx.pre));
+    return st == RS_CLIENT_HS || st == RS_SERVER_HS || (st == RS_RING && RS_GET(s->conn->rx.pre.active));
 }
 
 void rs_sock_settle(struct rs_sock *s)
@@ -360,7 +360,7 @@ static int prepare(struct rs_sock *s, int for_write, int timeout)
 static void end_preamble(struct rs_sock *s)
 {
     pthread_mutex_lock(&s->lock);
-    if (s->state == RS_PRE_RX && !s->conn->rx.pre) {
+    if (s->state == RS_PRE_RX && !s->conn->rx.pre.active) {
         rs_conn *c = s->conn;
         __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
         s->conn = NULL;
@@ -401,7 +401,7 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
     /* Urgent data only ever travels over TCP (send_urgent): the kernel has it, or none. */
     if (flags & MSG_OOB) { *plain = 1; return 0; }
     ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT | MSG_TRUNC), timeout);
-    if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre)) end_preamble(s);
+    if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre.active)) end_preamble(s);
     else if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
     if (r > 0 && !(flags & MSG_PEEK)) {
         __atomic_fetch_add(&s->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);

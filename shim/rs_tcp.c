@@ -13,7 +13,7 @@ rs_conn *rs_conn_new_tcp(int fd)
     rs_conn *c = rs_conn_alloc();
     if (!c) return NULL;
     c->fd = fd;
-    c->rx.pre = 1;
+    c->rx.pre.active = 1;
     return c;
 }
 

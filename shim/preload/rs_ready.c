@@ -72,7 +72,7 @@ short rs_ring_revents(rs_conn *c, short events)
 int rs_ring_arm(rs_conn *c, short events)
 {
     rs_tx_switch(c);                             /* our own SWITCH, if the socket had no room for it before */
-    if (RS_GET(c->rx.pre)) rs_pre_settle(c);     /* a SWITCH left unread would keep the kernel's wait awake */
+    if (RS_GET(c->rx.pre.active)) rs_pre_settle(c);     /* a SWITCH left unread would keep the kernel's wait awake */
     int ready = rs_rx_go_idle(c) && (events & (POLLIN | POLLRDNORM));
     /* Credit published since the spin looked (without a doorbell: nobody had asked for one)
      * makes the socket writable now; sleeping then would wait for a doorbell never sent. */

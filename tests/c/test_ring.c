@@ -1571,7 +1571,7 @@ static void expect_peek_prefix(rs_conn *c, const char *rest)
 static void pre_pair_open(struct pair *p, uint32_t ring)
 {
     pair_open(p, ring, 0);
-    p->srv->rx.pre = 1;
+    p->srv->rx.pre.active = 1;
 }
 
 /* A server that declined: no rings, only the client's preamble to unwrap. */
@@ -1581,7 +1581,7 @@ static void pre_tcp_open(struct pair *p)
     pair_sockets(p);
     p->srv = rs_conn_new_tcp(p->fd[0]);
     CHECK(p->srv, "rs_conn_new_tcp");
-    CHECK_EQ(p->srv->rx.pre, 1);
+    CHECK_EQ(p->srv->rx.pre.active, 1);
     CHECK(p->srv->rx.ring == NULL && p->srv->tx.ring == NULL, "rs_conn_new_tcp made rings");
 }
 
@@ -1606,9 +1606,9 @@ static void t_pre_wire(void)
     CHECK(n == (ssize_t)sizeof want && memcmp(raw, want, sizeof want) == 0,
           "wire bytes differ (%zd bytes, expected %zu)", n, sizeof want);
     expect_recv_str(p.srv, 64, 0, 1000, "hello");
-    CHECK_EQ(p.srv->rx.pre, 1);                                     /* SWITCH not read yet */
+    CHECK_EQ(p.srv->rx.pre.active, 1);                                     /* SWITCH not read yet */
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);            /* reads SWITCH, ring empty */
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     CHECK_EQ(readable(p.fd[0], 0), 0);
     /* the length is big endian: 0x1234 and the maximum, 65536 = 0x00010000 */
     static uint8_t big[RS_PRE_MAX + 100];
@@ -1648,12 +1648,12 @@ static void t_pre_order(void)
     CHECK_EQ(rs_rx_ready(p.srv), 1);                                /* preamble frames are data */
     CHECK_EQ(rs_rx_available(p.srv), 13);                           /* frames on the socket + ring */
     expect_recv_str(p.srv, 64, 0, 1000, "abc");
-    CHECK_EQ(p.srv->rx.pre, 1);
+    CHECK_EQ(p.srv->rx.pre.active, 1);
     expect_recv_str(p.srv, 2, 0, 1000, "de");
     CHECK_EQ(rs_rx_available(p.srv), 8);                            /* rest of the frame + ring */
     expect_recv_str(p.srv, 64, 0, 1000, "fgh");
     expect_recv_str(p.srv, 64, 0, 1000, "ring!");
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     /* the byte after SWITCH was a doorbell, counted and drained as one */
     CHECK_EQ(p.srv->rx.bells_drained, 1);
     CHECK(readable(p.fd[0], 0) == 0, "doorbell left on the socket after the ring was emptied");
@@ -1671,12 +1671,12 @@ static void t_pre_order(void)
     pre_pair_open(&p, 4096);
     pre_switch(p.fd[1]);
     CHECK_EQ(rs_rx_ready(p.srv), 0);
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     CHECK(readable(p.fd[0], 0) == 0, "SWITCH left on the socket");
     send_str(p.cli, "direct");
     CHECK_EQ(rs_rx_ready(p.srv), 1);
     expect_recv_str(p.srv, 64, 0, 1000, "direct");
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     pair_close(&p);
 }
 
@@ -1697,9 +1697,9 @@ static void t_pre_peek(void)
     expect_peek_prefix(p.srv, "worldring");                          /* the next header is read, */
     expect_peek_prefix(p.srv, "worldring");
     expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "world");        /* ... its payload is not */
-    CHECK_EQ(p.srv->rx.pre, 1);
+    CHECK_EQ(p.srv->rx.pre.active, 1);
     expect_peek_prefix(p.srv, "ring");                               /* through SWITCH into the ring */
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     expect_peek_prefix(p.srv, "ring");
     expect_recv_str(p.srv, 64, 0, 1000, "ring");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
@@ -1713,7 +1713,7 @@ static void t_pre_peek(void)
     expect_peek_prefix(p.srv, "preplain");
     expect_recv_str(p.srv, 3, RS_MSG_WAITALL, 1000, "pre");
     expect_peek_prefix(p.srv, "plain");
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     expect_recv_str(p.srv, 5, RS_MSG_WAITALL, 1000, "plain");
     pair_close(&p);
 }
@@ -1748,7 +1748,7 @@ static void t_pre_waitall(void)
     CHECK(r == 12 && memcmp(buf, "abcdefghijkl", 12) == 0, "MSG_WAITALL across frames and into the ring returned "
           "%zd \"%.*s\"; errmsg \"%s\"", r, r > 0 ? (int)r : 0, buf, rs_conn_errmsg(p.srv));
     CHECK(now_ms() - t0 >= 80, "returned before the data was sent");
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     pair_close(&p);
 
     /* all there at once, on a connection with and one without rings */
@@ -1787,7 +1787,7 @@ static void t_pre_tcp(void)
     CHECK_EQ(rs_rx_ready(p.srv), 0);
     expect_recv_str(p.srv, 64, 0, 1000, "pre");
     expect_recv_str(p.srv, 8, RS_MSG_WAITALL, 1000, "amblepla");
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     expect_recv_str(p.srv, 64, 0, 1000, "in");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
     expect_recv_rc(p.srv, -EAGAIN, 0, 20);
@@ -1866,7 +1866,7 @@ static void t_pre_garbage(void)
     VERIFY_PAT(back, 92, 0, sizeof back);
     expect_recv_str(p.srv, 64, 0, 1000, "!");
     expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
-    CHECK_EQ(p.srv->rx.pre, 0);
+    CHECK_EQ(p.srv->rx.pre.active, 0);
     pair_close(&p);
 }
 
@@ -2174,7 +2174,7 @@ static void t_pre_send_large(void)
         VERIFY_PAT(all, 94, 0, PRE_LARGE);
         if (rings) VERIFY_PAT(all + PRE_LARGE, 95, 0, ring_n);
         else CHECK(memcmp(all + PRE_LARGE, "tail", 4) == 0, "plain bytes after SWITCH");
-        CHECK_EQ(p.srv->rx.pre, 0);
+        CHECK_EQ(p.srv->rx.pre.active, 0);
         expect_recv_rc(p.srv, -EAGAIN, RS_MSG_DONTWAIT, 0);
         free(all);
         pair_close(&p);
@@ -2298,7 +2298,7 @@ static void t_lazy_switch_behind_full_preamble(void)
 {
     struct pair p;
     pre_pair_open(&p, 4096);
-    p.srv->rx.pre_lazy = 1;
+    p.srv->rx.pre.lazy = 1;
     rs_pre_switch_later(p.cli);
     int n = fill_with_preamble(p.fd[1]);
     send_str(p.srv, "hello");                         /* the server writes before it reads */
