@@ -380,9 +380,9 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         pthread_mutex_unlock(&s->lock);
         if (k && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (k) return k;               /* doorbells, checked against the ring, make it truthful */
-        /* Only "writable" for a full ring: the credit comes through memory; nap and look. */
-        struct timespec ts = { 0, (long)nap_us * 1000 };
-        nanosleep(&ts, NULL);
+        /* Only "writable" for a full ring: the credit comes through memory; nap and look.
+         * A handled signal ends the wait, as it ends any epoll_wait (signal(7)). */
+        if (rs_nap((uint64_t)nap_us * 1000, deadline, 1) < 0) { errno = EINTR; return -1; }
         if (nap_us < 1000) nap_us *= 2;
     }
 }
