@@ -304,12 +304,13 @@ class Endpoint:
         """Pending asynchronous events of this endpoint's device context (never blocks):
         e.g. ["IBV_EVENT_PORT_ERR"].  The context is shared by the process's endpoints on
         that device, so device/port events reach whichever endpoint asks first."""
+        from pyverbs.device import translate_event_type
         out = []
         for _ in range(64):
             ev = self._lib.rs_verbs_async_event(self._live())
             if ev < 0:
                 break
-            out.append(ASYNC_EVENTS.get(ev, "IBV_EVENT_%d" % ev))
+            out.append(translate_event_type(ev))
         return out
 
     # ---------------------------------------------------------------- teardown
@@ -325,16 +326,6 @@ class Endpoint:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# enum ibv_event_type (verbs.h)
-ASYNC_EVENTS = {0: "IBV_EVENT_CQ_ERR", 1: "IBV_EVENT_QP_FATAL", 2: "IBV_EVENT_QP_REQ_ERR",
-                3: "IBV_EVENT_QP_ACCESS_ERR", 4: "IBV_EVENT_COMM_EST", 5: "IBV_EVENT_SQ_DRAINED",
-                6: "IBV_EVENT_PATH_MIG", 7: "IBV_EVENT_PATH_MIG_ERR", 8: "IBV_EVENT_DEVICE_FATAL",
-                9: "IBV_EVENT_PORT_ACTIVE", 10: "IBV_EVENT_PORT_ERR", 11: "IBV_EVENT_LID_CHANGE",
-                12: "IBV_EVENT_PKEY_CHANGE", 13: "IBV_EVENT_SM_CHANGE", 14: "IBV_EVENT_SRQ_ERR",
-                15: "IBV_EVENT_SRQ_LIMIT_REACHED", 16: "IBV_EVENT_QP_LAST_WQE_REACHED",
-                17: "IBV_EVENT_CLIENT_REREGISTER", 18: "IBV_EVENT_GID_CHANGE", 19: "IBV_EVENT_WQ_FATAL"}
 
 
 WC_STATUS = {0: "success", 1: "local length error", 2: "local QP operation error",

@@ -548,9 +548,6 @@ static int rdma_go_idle(rs_conn *c)
     return 1;
 }
 
-/* A non-blocking receive found the ring empty: arm as for a wait (a doorbell left pending
- * would not tell an rdma consumer anything: its count is not shared). */
-static int rdma_nonblock_empty(rs_conn *c) { return rdma_go_idle(c); }
 static void nothing(rs_conn *c) { (void)c; }
 
 const struct rs_transport rs_transport_rdma = {
@@ -568,7 +565,7 @@ const struct rs_transport rs_transport_rdma = {
     .silence = rdma_silence,
     .publish_credit = rdma_publish_credit,
     .go_idle = rdma_go_idle,
-    .nonblock_empty = rdma_nonblock_empty,
+    .nonblock_empty = rdma_go_idle,             /* arm as for a wait: bell counts are not shared */
     .tidy = nothing,                            /* the next go_idle drains */
     .bell_every = rdma_bell_every,
     .quiesce = nothing,
