@@ -284,6 +284,7 @@ int      rs_fb_tx_pending(rs_conn *c);
 int      rs_fb_finish_tx(rs_conn *c, int timeout_ms);
 void     rs_fb_shutdown(rs_conn *c);
 long     rs_fb_rx_available(rs_conn *c);
+void     rs_fb_settle_rx(rs_conn *c);
 
 /* rs_tcp.c */
 rs_conn *rs_conn_new_tcp(int fd);

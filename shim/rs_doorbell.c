@@ -152,6 +152,7 @@ void rs_quiesce_bells(rs_conn *c)
 {
     if (RS_GET(c->rx.pre.active) && !rs_pre_quiesce(c, RS_QUIESCE_NS)) return;
     if (RS_GET(c->tcp_eof)) return;
+    if (rs_rx_on_tcp(c)) { rs_fb_settle_rx(c); return; }
     rs_lock(&c->rx.lock);
     if (!c->rx.move.state) c->ops->quiesce(c);                  /* not once the socket is the peer's stream */
     rs_unlock(&c->rx.lock);

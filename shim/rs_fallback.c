@@ -401,6 +401,30 @@ int rs_fb_rx_ready(rs_conn *c)
     return rs_c_poll(c, POLLIN, 0, &re) > 0;
 }
 
+/* Before the application's close, after a move.  The peer's doorbells, its RESYNC frame
+ * and the bytes it repeats are ours, not the application's: left unread, they would turn
+ * the kernel's close into a reset, and a reset makes the peer's kernel throw away what it
+ * has not yet handed to its program (over a move, the stream itself).  After a lossy
+ * transport failed the peer's direction moves too, so its frame is awaited, within
+ * RS_PEER_FRAME_WAIT_MS (a peer busy elsewhere sends it at its next socket call); a
+ * reliable move is only read as far as it has come.  Stream bytes after them stay: closing
+ * with those unread is a reset over TCP as well. */
+#define RS_PEER_FRAME_WAIT_MS 2000
+void rs_fb_settle_rx(rs_conn *c)
+{
+    if (!RS_GET(c->fb)) return;
+    uint64_t deadline = rs_deadline(c->ops->lossy_failure ? RS_PEER_FRAME_WAIT_MS : 0);
+    rs_fb_kick(c);                                 /* our own frame first: the peer may move on it */
+    rs_lock(&c->rx.lock);
+    rx_leave_ring(c);
+    while (c->rx.move.state != RX_RING && rx_resync(c) == 0 && !rs_passed(deadline)) {
+        rs_unlock(&c->rx.lock);
+        wait_sock(c, POLLIN, deadline);
+        rs_lock(&c->rx.lock);
+    }
+    rs_unlock(&c->rx.lock);
+}
+
 /* FIONREAD once the ring is done. */
 long rs_fb_rx_available(rs_conn *c)
 {

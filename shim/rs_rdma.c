@@ -1,10 +1,10 @@
 /* rs_rdma.c - the `rdma` transport: records reach the peer's ring by RDMA WRITE.
  *
- * pyverbs (rdmasock/transport_rdma.py) owns every verbs object: device context, protection
- * domain, CQ, RC queue pair, memory regions.  This file only posts work requests and polls
- * the send CQ, through the inline dispatchers of <infiniband/verbs.h> (ibv_post_send and
- * ibv_poll_cq call the provider through qp->context->ops), so librdmasock.so needs no
- * libibverbs at link time and programs that never use RDMA never load it.
+ * rs_verbs.c makes the verbs objects (protection domain, CQ, RC queue pair, memory
+ * regions).  This file only posts work requests and polls the send CQ, through the inline
+ * dispatchers of <infiniband/verbs.h> (ibv_post_send and ibv_poll_cq call the provider
+ * through qp->context->ops), so librdmasock.so needs no libibverbs at link time and
+ * programs that never use RDMA never load it.
  *
  * Doorbells (docs/PROTOCOL.md 5.4).  A producer writes a doorbell byte on the TCP socket only
  * when the consumer's want_seq (mirrored into our memory by the consumer) differs from the
@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include "rs_conn.h"
 #include "rs_rdma.h"
+#include "rs_verbs.h"
 #include "rs_sys.h"
 
 #if defined(__has_include) && !defined(RS_NO_VERBS)       /* RS_NO_VERBS: RDMASOCK_BUILD_RDMA=0 */
@@ -84,6 +85,7 @@ struct rs_rdma {
     uint64_t credit_answered;    /* consumer: the producer's tx_wait_seq last answered */
     uint8_t  data_armed;         /* consumer: a sync proved the producer rings for the next record */
     uint8_t  credit_armed;       /* producer: likewise for credit */
+    uint64_t credit_probe_at;    /* producer, credit_armed: when the quiet wait probes the link */
     uint8_t  failed;
     uint8_t  silent;             /* a RESYNC frame is going out: no more doorbell bytes */
     struct ibv_send_wr wr[BATCH];
@@ -126,6 +128,7 @@ static void rdma_fail(rs_conn *c, int err, const char *fmt, ...)
     if (r->failed) return;
     r->failed = 1;
     __atomic_store_n(&r->own->failed, 1, __ATOMIC_RELEASE);     /* a peer's READ sees it */
+    rs_verbs_stop_qp(r->qp);                        /* nothing posted is waited for any more */
     if (RS_GET(c->tcp_eof) || RS_GET(c->err)) { rs_conn_set_error(c, err, "%s", msg); return; }
     if (!RS_GET(c->fb)) snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     rs_fb_begin(c, RS_REASON_RDMA_FAILED);
@@ -143,6 +146,7 @@ static void rdma_silence(rs_conn *c)
     struct rs_rdma *r = c->rdma;
     pthread_mutex_lock(&r->lock);
     r->silent = 1;
+    if (!r->failed) rs_verbs_stop_qp(r->qp);
     r->failed = 1;
     pthread_mutex_unlock(&r->lock);
 }
@@ -417,17 +421,30 @@ static void rdma_refresh_credit(rs_conn *c)
 }
 
 /* Producer with a full ring: make sure the consumer sends a credit bell when it frees room.
- * Returns 1 if there is room after all. */
+ * Returns 1 if there is room after all.
+ *
+ * An armed producer waits for credit that arrives by the consumer's RDMA WRITE.  If the
+ * link dies, that WRITE may never complete or fail (Soft-RoCE retries a send on a downed
+ * port indefinitely), while the consumer, its ring empty, sleeps armed too: nobody would
+ * ever look.  So a quiet wait probes every CREDIT_PROBE_MS: a READ of the consumer's words
+ * that must come back within sync_timeout (it also brings any credit whose WRITE was lost),
+ * or the connection moves to TCP. */
+#define CREDIT_PROBE_MS 1000
 static int rdma_arm_credit(rs_conn *c)
 {
     struct rs_rdma *r = c->rdma;
     rdma_refresh_credit(c);
-    if (r->credit_armed) check_cq(c);                 /* a producer that only waits notices failures */
-    if (r->credit_armed || r->failed) return 0;
-    __atomic_fetch_add(&r->own->tx_wait_seq, 1, __ATOMIC_SEQ_CST);
+    if (r->failed) return 0;
+    if (r->credit_armed) {
+        check_cq(c);                                  /* a producer that only waits notices failures */
+        if (r->failed || rs_now_ns() < r->credit_probe_at) return 0;
+    } else {
+        __atomic_fetch_add(&r->own->tx_wait_seq, 1, __ATOMIC_SEQ_CST);
+    }
     if (sync_peer(c) < 0) return 1;                   /* the write reports the error */
     rs_take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     r->credit_armed = 1;
+    r->credit_probe_at = rs_now_ns() + CREDIT_PROBE_MS * 1000000ull;
     return 0;
 }
 
@@ -557,6 +574,7 @@ const struct rs_transport rs_transport_rdma = {
     .lossy_failure = 1,
     .silent_failure = 1,
     .host_objects = 1,
+    .room_recheck_ms = CREDIT_PROBE_MS,
     .refresh_credit = rdma_refresh_credit,
     .flush = rdma_flush,
     .arm_credit = rdma_arm_credit,

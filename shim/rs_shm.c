@@ -355,6 +355,7 @@ const struct rs_transport rs_transport_shm = {
     .name = "shm",
     .id = RS_TRANSPORT_SHM,
     .stall_moves = 1,
+    .room_recheck_ms = 10,
     .refresh_credit = shm_refresh_credit,
     .flush = shm_flush,
     .arm_credit = shm_arm_credit,

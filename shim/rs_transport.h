@@ -37,6 +37,9 @@ struct rs_transport {
     uint8_t silent_failure;      /* it can fail while we sleep with no byte on the socket to say
                                   * so: sleeps wake in slices to look */
     uint8_t host_objects;        /* the control plane owns objects of it to release after close */
+    uint16_t room_recheck_ms;    /* a wait for room in a full ring looks again at least this often
+                                  * (0: a credit doorbell is enough): shm to notice a stall, rdma
+                                  * to probe a link that may have died under a credit WRITE */
 
     /* Producer side; the caller holds tx.lock. */
     void (*refresh_credit)(struct rs_conn *c);          /* learn the consumer's head */

@@ -74,6 +74,7 @@ int rs_verbs_poll(struct rs_verbs *v, struct rs_verbs_wc *wc, int n) { (void)v; 
 int rs_verbs_qp_state(struct rs_verbs *v) { (void)v; return -ENOTSUP; }
 int rs_verbs_qp_access(struct rs_verbs *v) { (void)v; return -ENOTSUP; }
 int rs_verbs_qp_error(struct rs_verbs *v) { (void)v; return -ENOTSUP; }
+int rs_verbs_stop_qp(void *qp) { (void)qp; return -ENOTSUP; }
 int rs_verbs_async_fd(struct rs_verbs *v) { (void)v; return -1; }
 int rs_verbs_port_state(struct rs_verbs *v) { (void)v; return -ENOTSUP; }
 int rs_verbs_async_event(struct rs_verbs *v) { (void)v; return -1; }
@@ -352,12 +353,20 @@ int rs_verbs_qp_access(struct rs_verbs *v)
     return rc ? -rc : (int)a.qp_access_flags;
 }
 
-/* Moves the QP to the error state: its posted work completes flushed, new posts fail.
- * (Fault injection: how the tests make a transport fail mid-stream.) */
-int rs_verbs_qp_error(struct rs_verbs *v)
+/* Moves a QP to the error state: its posted work completes flushed, new posts fail.  The
+ * data path stops a failed transport's QP this way, so the provider stops retrying work
+ * nobody waits for (Soft-RoCE retries a send on a port without carrier without end). */
+int rs_verbs_stop_qp(void *qp)
 {
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-    return -ib.modify_qp(v->qp, &a, IBV_QP_STATE);
+    if (!qp || !load_verbs()) return -ENOTSUP;
+    return -ib.modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+/* Fault injection: how the tests make a transport fail mid-stream. */
+int rs_verbs_qp_error(struct rs_verbs *v)
+{
+    return rs_verbs_stop_qp(v->qp);
 }
 
 int rs_verbs_async_fd(struct rs_verbs *v) { return v->dev->ctx->async_fd; }

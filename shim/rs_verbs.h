@@ -39,6 +39,7 @@ int      rs_verbs_poll(struct rs_verbs *v, struct rs_verbs_wc *wc, int n);
 int      rs_verbs_qp_state(struct rs_verbs *v);
 int      rs_verbs_qp_access(struct rs_verbs *v);          /* the QP's remote access flags, or -errno */
 int      rs_verbs_qp_error(struct rs_verbs *v);
+int      rs_verbs_stop_qp(void *qp);                      /* struct ibv_qp * into ERR; 0 or -errno */
 int      rs_verbs_async_fd(struct rs_verbs *v);
 int      rs_verbs_port_state(struct rs_verbs *v);
 int      rs_verbs_async_event(struct rs_verbs *v);

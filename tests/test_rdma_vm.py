@@ -20,7 +20,7 @@ INNER = os.path.join(REPO, "tests", "rdma")
 RUN = os.path.join(REPO, "scripts", "softroce", "run.sh")
 PY = os.path.join(REPO, ".venv", "bin", "python")
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
-         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
+         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
          "sock_device_delete", "api_sigio"]
 VM_TIMEOUT = 900
 

@@ -82,16 +82,16 @@ int rs_ring_arm(rs_conn *c, short events)
 }
 
 /* How long a kernel sleep may last for a socket armed with `events` (-1: no limit).  A
- * wait for room in a full ring looks again every RS_ROOM_RECHECK_MS: its credit doorbell
- * can be read off the socket by another thread of the program going idle on the same
- * socket (a reader and a writer thread), and only a look moves a stalled ring to TCP
- * (rs_fallback.c; transports with stall_moves).  Room that came since the arming: no sleep at all. */
-#define RS_ROOM_RECHECK_MS 10
+ * wait for room in a full ring looks again as the transport asks (room_recheck_ms): its
+ * credit doorbell can be read off the socket by another thread of the program going idle
+ * on the same socket (a reader and a writer thread), only a look moves a stalled shm ring
+ * to TCP (rs_fallback.c), and only a look probes an rdma link whose credit WRITE may never
+ * arrive.  Room that came since the arming: no sleep at all. */
 int rs_ring_sleep_cap_ms(rs_conn *c, short events)
 {
     if (!(events & (POLLOUT | POLLWRNORM))) return -1;
     if (rs_tx_writable(c)) return 0;
-    return c->ops->stall_moves ? RS_ROOM_RECHECK_MS : -1;
+    return c->ops->room_recheck_ms ? c->ops->room_recheck_ms : -1;
 }
 
 /* The shorter of two kernel sleep limits (-1: none). */

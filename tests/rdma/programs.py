@@ -429,7 +429,7 @@ def do_curl(a):
         curl = preloaded(h2, server_addr, clog, ["curl", "-sS", "--fail", "--max-time", str(a.max_time), "-o", dst,
                                                  "http://%s/f.bin" % server_addr])
         if a.link_down_at:
-            fetch_with_link_down(curl, dst, a)
+            fetch_with_link_down(curl, dst, a, srv)
         else:
             run(curl, a.max_time + 30, what="curl %d MB" % a.mb)
         dt = time.monotonic() - t
@@ -463,7 +463,52 @@ def do_curl(a):
              pkts, time.monotonic() - T0), flush=True)
 
 
-def fetch_with_link_down(curl, dst, a):
+STALL_S = 60
+
+
+def snapshot(leaders):
+    """What the processes of the given sessions are doing: each thread's state, system call
+    and kernel wait channel, the rdmasock table of each, and the rxe devices' counters."""
+    out = []
+    for sid in leaders:
+        for pid in sorted(set(session_pids(sid) + [sid])):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    out.append("pid %d: %s" % (pid, f.read().replace(b"\0", b" ").decode(errors="replace")[:120]))
+                for tid in sorted(os.listdir("/proc/%d/task" % pid), key=int):
+                    t = "/proc/%d/task/%s/" % (pid, tid)
+                    fields = []
+                    for name in ("stat", "syscall", "wchan"):
+                        try:
+                            with open(t + name) as f:
+                                v = f.read().strip()
+                        except OSError as e:
+                            v = "(%s)" % e.strerror
+                        fields.append(v.rsplit(")", 1)[-1].split()[0] if name == "stat" else v)
+                    out.append("  tid %s state %s syscall %s wchan %s" % (tid, *fields))
+            except OSError:
+                pass
+    r = subprocess.run([sys.executable, "-m", "rdmasock.cli", "stat"], capture_output=True, text=True, timeout=30,
+                       cwd=REPO)
+    out.append(r.stdout + r.stderr)
+    for dev in sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []:
+        d = "/sys/class/infiniband/%s/ports/1/" % dev
+        try:
+            with open(d + "state") as f:
+                state = f.read().strip()
+            counters = {}
+            for n in os.listdir(d + "hw_counters"):
+                with open(d + "hw_counters/" + n) as f:
+                    v = f.read().strip()
+                if v != "0":
+                    counters[n] = v
+            out.append("%s: %s %s" % (dev, state, counters))
+        except OSError as e:
+            out.append("%s: %s" % (dev, e))
+    return "\n".join(out)
+
+
+def fetch_with_link_down(curl, dst, a, srv):
     """Runs curl; once dst holds a.link_down_at MB, rs-h1's RoCE veth goes down (TCP is on
     another veth pair and stays up).  The link comes back up whatever happens."""
     t = time.monotonic()
@@ -475,7 +520,17 @@ def fetch_with_link_down(curl, dst, a):
         check(p.poll() is None, "curl ended before the link went down (%d bytes)" % size())
         say("curl has %d bytes: ip link set rs-roce1 down (RoCE of rs-h1; TCP stays)" % size())
         subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
-        out, _ = p.communicate(timeout=bounded(a.max_time + 30))
+        # The move to TCP takes a few seconds at most (sync_timeout): a transfer that makes
+        # no progress for STALL_S is hung, and what each process is doing is the evidence.
+        last, since, limit = size(), time.monotonic(), time.monotonic() + bounded(a.max_time + 30)
+        while p.poll() is None and time.monotonic() < limit:
+            time.sleep(0.5)
+            if size() != last:
+                last, since = size(), time.monotonic()
+            elif time.monotonic() - since > STALL_S:
+                say("no progress for %d s at %d bytes:\n%s" % (STALL_S, last, snapshot([p.pid, srv.pid])))
+                raise Fail("curl made no progress for %d s after the link went down (%d bytes)" % (STALL_S, last))
+        out, _ = p.communicate(timeout=bounded(30))
     except subprocess.TimeoutExpired:
         stop_pid(p, signal.SIGKILL, 5)
         raise Fail("curl did not finish after the link went down")

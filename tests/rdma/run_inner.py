@@ -15,6 +15,7 @@ Cases (`--only a,b`):
   prog_pg        PostgreSQL 15 in rs-h1, psql / \\copy / pgbench from rs-h2, all preloaded, rdma (programs.py, VM)
   prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
   prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
+  sock_*         rdmasock sockets over rdma: faults, link down, credit probe, dead peer (sockets.py)
 """
 import argparse
 import json
@@ -26,10 +27,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
-         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_dead_peer", "sock_fallbacks",
+         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
          "sock_device_delete", "api_sigio"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
-VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_dead_peer": _TWO,
+VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_credit_probe": _TWO, "sock_dead_peer": _TWO,
            "sock_device_delete": "deletes an rdma link: only inside the throw-away VM",
            "two_hosts": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "device_events": "deletes an rdma link: only inside the throw-away VM",
@@ -171,6 +172,10 @@ def do_sock_bad_resync():
 
 def do_sock_link_down():
     return run([[PY, "sockets.py", "link_down"]], 200)
+
+
+def do_sock_credit_probe():
+    return run([[PY, "sockets.py", "credit_probe"]], 200)
 
 
 def do_sock_dead_peer():

@@ -18,6 +18,10 @@
                                 before it intact); and a well-formed frame from this "second
                                 implementation" (docs/PROTOCOL.md 9.10) is followed exactly
     sockets.py dead_peer        rs-h1 loses every link while rs-h2 waits in recv: keepalive
+    sockets.py credit_probe     a sender blocked on a full ring; the RoCE link goes down while
+                                the reader reads nothing: the sender's probe finds the link
+                                dead and moves the connection to TCP within seconds; then the
+                                reader reads, and the stream arrives complete
     sockets.py device_delete    `rdma link delete rxe-h1` mid-stream, then a new connection
     sockets.py fallback REASON  set-up failures (memlock, no device): plain TCP with REASON
 
@@ -286,6 +290,111 @@ def role_waiter(host, port):
         out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
     out["seconds"] = round(time.monotonic() - t0, 1)
     result(**out)
+
+
+PROBE_TOTAL = 4 << 20
+
+
+def role_filler(bind, port):
+    """Accepts one connection and sends PROBE_TOTAL seeded bytes with one blocking sendall
+    (in a thread); prints MOVED <CLOCK_MONOTONIC> as soon as the connection is on TCP."""
+    import rdmasock
+    srv = rdmasock.create_server((bind, port))
+    print("LISTENING", flush=True)
+    c, _ = srv.accept()
+    c.recv(1)                                             # the handshake is over after this
+    out = {"role": "filler", "transport_before": c.transport}
+    print("ACCEPTED", flush=True)
+
+    def send():
+        try:
+            c.sendall(random.Random(7).randbytes(PROBE_TOTAL))
+            c.shutdown(1)
+            out["ended"] = "clean"
+        except OSError as exc:
+            out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    t = threading.Thread(target=send)
+    t.start()
+    end = time.monotonic() + 120
+    while t.is_alive() and c.transport != "tcp" and time.monotonic() < end:
+        time.sleep(0.05)
+    if c.transport == "tcp":
+        print("MOVED %.3f" % time.monotonic(), flush=True)
+    t.join(120)
+    out.update(transport=c.transport, reason=c.fallback_reason)
+    c.close()
+    srv.close()
+    result(**out)
+
+
+def role_lazy_reader(host, port, done):
+    """Connects and reads nothing until the file `done` exists; then reads to EOF and
+    checks the stream."""
+    import rdmasock
+    c = rdmasock.create_connection((host, port), timeout=None)
+    c.sendall(b"x")
+    c.recv(0)
+    print("CONNECTED", flush=True)
+
+    def wait_file(path):
+        end = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < end:
+            time.sleep(0.05)
+    got = bytearray()
+    wait_file(done)
+    c.settimeout(60)
+    out = {"role": "lazy_reader"}
+    try:
+        while True:
+            d = c.recv(1 << 20)
+            if not d:
+                break
+            got += d
+        out["ended"] = "eof"
+    except OSError as exc:
+        out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
+    out.update(got=len(got), stream_ok=bytes(got) == random.Random(7).randbytes(PROBE_TOTAL),
+               transport=c.transport, reason=c.fallback_reason)
+    c.close()
+    result(**out)
+
+
+def case_credit_probe():
+    ip1 = os.environ["SOFTROCE_H1_IP"]
+    done = "/tmp/rs-credit-probe.done"
+    if os.path.exists(done):
+        os.unlink(done)
+    srv = Proc(in_ns("1", "_filler", ip1, PORT + 4), ns_env("1"))
+    if not srv.wait_line("LISTENING", 30):
+        srv.finish(5)
+        return False
+    rd = Proc(in_ns("2", "_lazy_reader", ip1, PORT + 4, done), ns_env("2"))
+    try:
+        ok = check(rd.wait_line("CONNECTED", 60) and srv.wait_line("ACCEPTED", 30), "connected")
+        time.sleep(2)                                     # the filler fills the ring and waits for credit
+        log("ip link set rs-roce1 down (RoCE path of rs-h1; TCP path stays up)")
+        subprocess.run(["ip", "link", "set", "rs-roce1", "down"], check=True)
+        t_down = time.monotonic()
+        # probe interval (1 s) + READ timeout (RDMASOCK_RDMA_TIMEOUT, 5 s) + slack for the VM
+        moved = srv.wait_line("MOVED", 30)
+        line = [l for l in srv.lines if l.startswith("MOVED ")]
+        after = float(line[0].split()[1]) - t_down if line else None
+        ok &= check(moved, "the blocked sender moved to TCP while the reader read nothing (%s s after "
+                    "the link went down)" % (None if after is None else round(after, 1)))
+    finally:
+        open(done, "w").close()
+        subprocess.run(["ip", "link", "set", "rs-roce1", "up"])
+    r, s = rd.finish(120), srv.finish(60)
+    ok &= check(r and s, "both roles reported")
+    if not ok:
+        return False
+    ok &= check(s["transport_before"] == "rdma", "the connection was on rdma")
+    ok &= check(s["ended"] == "clean" and r["ended"] == "eof" and r["stream_ok"],
+                "the whole stream arrived exactly (%d of %d bytes)" % (r["got"], PROBE_TOTAL))
+    ok &= check((s["transport"], s["reason"]) == (r["transport"], r["reason"]) == ("tcp", "rdma_failed"),
+                "both sides tcp/rdma_failed (filler %s/%s, reader %s/%s)"
+                % (s["transport"], s["reason"], r["transport"], r["reason"]))
+    return ok
 
 
 # ---------------------------------------------------------------- orchestration (root ns)
@@ -657,11 +766,16 @@ def main():
         return role_waiter(a[0], int(a[1]))
     if cmd == "_echo":
         return role_echo_server(a[0], int(a[1]))
+    if cmd == "_filler":
+        return role_filler(a[0], int(a[1]))
+    if cmd == "_lazy_reader":
+        return role_lazy_reader(a[0], int(a[1]), a[2])
     if cmd == "_duplex":
         return role_duplex_client(a[0], int(a[1]), float(a[2]))
     ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "link_down": case_link_down,
           "qp_error_duplex": case_qp_error_duplex, "bad_resync": case_bad_resync,
-          "dead_peer": case_dead_peer, "device_delete": case_device_delete}[cmd]() if cmd != "fallback" \
+          "dead_peer": case_dead_peer, "device_delete": case_device_delete,
+          "credit_probe": case_credit_probe}[cmd]() if cmd != "fallback" \
         else case_fallback(a[0])
     log("%s %s" % (cmd, "PASS" if ok else "FAIL"))
     sys.exit(0 if ok else 1)
