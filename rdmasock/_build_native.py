@@ -23,6 +23,24 @@ CDEF = """
 #define RS_TRANSPORT_TCP ...
 #define RS_TRANSPORT_SHM ...
 #define RS_TRANSPORT_RDMA ...
+#define RS_STAT_MAGIC ...
+struct rs_stat_slot {
+    uint32_t used;
+    int32_t fd;
+    uint8_t transport;
+    uint8_t role;
+    uint16_t reason;
+    uint8_t local[28];
+    uint8_t peer[28];
+    uint64_t tx_bytes, rx_bytes;
+    ...;
+};
+struct rs_stat_hdr {
+    uint32_t magic, version, nslots, slot_size;
+    uint32_t pid;
+    uint64_t ring_bytes, ring_max;
+    ...;
+};
 const char *rs_reason_name(int code);
 const char *rs_reason_text(int code);
 int rs_config_count(void);

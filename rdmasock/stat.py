@@ -10,13 +10,14 @@ import struct
 import psutil
 
 from . import reasons
+from ._native import ffi, lib
 
-HDR = struct.Struct("<IIIIIIQQ")                # struct rs_stat_hdr (its first 40 of 64 bytes)
-HDR_SIZE = 64
-SLOT = struct.Struct("<IiBBH28s28s4xQQ8x")     # struct rs_stat_slot, 96 bytes
-MAGIC = 0x5453534B
-TRANSPORTS = {0: "tcp", 1: "shm", 2: "rdma"}
-ROLES = {1: "client", 2: "server"}
+# The table's layout is shim/rs_contract.h's (struct rs_stat_hdr, rs_stat_slot), as the
+# compiler laid it out: cffi reads it from there.
+HDR_SIZE = ffi.sizeof("struct rs_stat_hdr")
+SLOT_SIZE = ffi.sizeof("struct rs_stat_slot")
+TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_TRANSPORT_RDMA: "rdma"}
+ROLES = {lib.RS_ROLE_CLIENT: "client", lib.RS_ROLE_SERVER: "server"}
 
 
 def _addr(raw):
@@ -62,22 +63,25 @@ def collect():
             entry["error"] = exc.strerror
             tables = []
         for data in tables:
-            magic, version, nslots, slot_size, owner, _, ring_bytes, ring_max = HDR.unpack_from(data)
-            if magic != MAGIC or owner != proc.info["pid"] or slot_size != SLOT.size:
+            buf = ffi.from_buffer(data)
+            hdr = ffi.cast("struct rs_stat_hdr *", buf)
+            if hdr.magic != lib.RS_STAT_MAGIC or hdr.pid != proc.info["pid"] or hdr.slot_size != SLOT_SIZE:
                 continue                         # a parent's table inherited across fork
-            if version >= 2:
-                entry["ring_memory"], entry["ring_memory_max"] = ring_bytes, ring_max
-            for i in range(nslots):
-                off = HDR_SIZE + i * slot_size
-                if off + slot_size > len(data):
+            if hdr.version >= 2:
+                entry["ring_memory"], entry["ring_memory_max"] = hdr.ring_bytes, hdr.ring_max
+            for i in range(hdr.nslots):
+                off = HDR_SIZE + i * SLOT_SIZE
+                if off + SLOT_SIZE > len(data):
                     break
-                used, fd, transport, role, reason, local, peer, tx, rx = SLOT.unpack_from(data, off)
-                if not used:
+                slot = ffi.cast("struct rs_stat_slot *", buf + off)
+                if not slot.used:
                     continue
                 entry["connections"].append({
-                    "fd": fd, "role": ROLES.get(role, "?"), "local": _addr(local), "peer": _addr(peer),
-                    "transport": TRANSPORTS.get(transport, "?"), "bytes_sent": tx, "bytes_received": rx,
-                    "fallback_reason": reasons.name(reason) if reason else None})
+                    "fd": slot.fd, "role": ROLES.get(slot.role, "?"),
+                    "local": _addr(bytes(ffi.buffer(slot.local))), "peer": _addr(bytes(ffi.buffer(slot.peer))),
+                    "transport": TRANSPORTS.get(slot.transport, "?"), "bytes_sent": slot.tx_bytes,
+                    "bytes_received": slot.rx_bytes,
+                    "fallback_reason": reasons.name(slot.reason) if slot.reason else None})
         out.append(entry)
     return out
 

@@ -4,6 +4,7 @@ of them, scripts/softroce/run.sh), or directly when this host has a usable RDMA 
 Without a usable device the VM is required: if QEMU or the guest kernel is missing these
 tests FAIL (run `bash scripts/setup.sh`, which installs them) -- they never skip silently.
 RDMASOCK_RDMA_TESTS=vm forces the VM even on a host with a device."""
+import importlib.util
 import json
 import os
 import shutil
@@ -19,9 +20,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INNER = os.path.join(REPO, "tests", "rdma")
 RUN = os.path.join(REPO, "scripts", "softroce", "run.sh")
 PY = os.path.join(REPO, ".venv", "bin", "python")
-CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
-         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
-         "sock_device_delete", "api_sigio"]
+
+
+def _inner_cases():
+    """The case list of tests/rdma/run_inner.py, which runs them (one list, kept there)."""
+    spec = importlib.util.spec_from_file_location("rdma_run_inner", os.path.join(INNER, "run_inner.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CASES
+
+
+CASES = _inner_cases()
 VM_TIMEOUT = 900
 
 
