@@ -65,10 +65,13 @@ def _new_handle(table, item):
 
 
 def _log(role, sock, transport, reason):
+    # Each on its own: after the peer closed getpeername fails, getsockname still works.
+    local = peer = "-"
     try:
-        local, peer = sock.getsockname(), sock.getpeername()
+        local = sock.getsockname()
+        peer = sock.getpeername()
     except OSError:
-        local, peer = None, None
+        pass
     log.connection(role, local, peer, transport, reason)
 
 

@@ -6,7 +6,7 @@
  * through qp->context->ops), so librdmasock.so needs no libibverbs at link time and
  * programs that never use RDMA never load it.
  *
- * Doorbells (docs/PROTOCOL.md 5.4).  A producer writes a doorbell byte on the TCP socket only
+ * Doorbells (docs/PROTOCOL.md 9.6).  A producer writes a doorbell byte on the TCP socket only
  * when the consumer's want_seq (mirrored into our memory by the consumer) differs from the
  * last one it answered.  A consumer going to sleep raises want_seq, pushes it, and READs the
  * producer's own words; the READ runs at the producer after the push landed, so either the
