@@ -33,6 +33,7 @@ struct rs_stat_slot {
     uint8_t local[28];
     uint8_t peer[28];
     uint64_t tx_bytes, rx_bytes;
+    uint64_t tx_spilled;
     ...;
 };
 struct rs_stat_hdr {
@@ -49,6 +50,8 @@ const char *rs_config_default(int key);
 struct rs_tx {
     uint64_t bytes;
     uint64_t records;
+    uint64_t spilled;
+    uint64_t spills;
     uint8_t fin_sent;
     ...;
 };
@@ -64,6 +67,7 @@ struct rs_rx {
     uint64_t records;
     uint64_t sleeps;
     uint64_t bells_drained;
+    uint64_t spilled;
     uint8_t fin_seen;
     struct rs_rx_pre pre;
     ...;
@@ -78,6 +82,7 @@ typedef struct rs_conn {
     uint8_t fb;
     uint8_t fb_reason;
     uint8_t fb_done;
+    uint8_t spill_ok;
     uint64_t bells_sent;
     struct rs_tx tx;
     struct rs_rx rx;

@@ -824,7 +824,7 @@ class socket(_base):
         if c is None:
             return {"transport": self.transport, "fallback_reason": self.fallback_reason}
         return {"transport": self.transport, "bytes_sent": c.tx.bytes, "bytes_received": c.rx.bytes,
-                "records_sent": c.tx.records, "records_received": c.rx.records,
+                "records_sent": c.tx.records, "records_received": c.rx.records, "bytes_spilled": c.tx.spilled,
                 "doorbells_sent": c.bells_sent, "sleeps": c.rx.sleeps}
 
 

@@ -80,7 +80,7 @@ def collect():
                     "fd": slot.fd, "role": ROLES.get(slot.role, "?"),
                     "local": _addr(bytes(ffi.buffer(slot.local))), "peer": _addr(bytes(ffi.buffer(slot.peer))),
                     "transport": TRANSPORTS.get(slot.transport, "?"), "bytes_sent": slot.tx_bytes,
-                    "bytes_received": slot.rx_bytes,
+                    "bytes_received": slot.rx_bytes, "bytes_spilled": slot.tx_spilled,
                     "fallback_reason": reasons.name(slot.reason) if slot.reason else None})
         out.append(entry)
     return out
@@ -94,14 +94,15 @@ def main(as_json=False):
     if not procs:
         print("no process has librdmasock.so loaded")
         return 0
-    fmt = "%-8s %-16s %-6s %-6s %-24s %-24s %-9s %12s %12s  %s"
-    print(fmt % ("PID", "PROGRAM", "FD", "ROLE", "LOCAL", "PEER", "TRANSPORT", "SENT", "RECEIVED", "REASON"))
+    fmt = "%-8s %-16s %-6s %-6s %-24s %-24s %-9s %12s %12s %12s  %s"
+    print(fmt % ("PID", "PROGRAM", "FD", "ROLE", "LOCAL", "PEER", "TRANSPORT", "SENT", "RECEIVED", "SPILLED",
+                 "REASON"))
     for p in procs:
         if not p["connections"]:
-            print(fmt % (p["pid"], p["name"][:16], "-", "-", "-", "-", "-", "-", "-", p.get("error", "")))
+            print(fmt % (p["pid"], p["name"][:16], "-", "-", "-", "-", "-", "-", "-", "-", p.get("error", "")))
         for c in p["connections"]:
             print(fmt % (p["pid"], p["name"][:16], c["fd"], c["role"], c["local"], c["peer"], c["transport"],
-                         c["bytes_sent"], c["bytes_received"], c["fallback_reason"] or ""))
+                         c["bytes_sent"], c["bytes_received"], c["bytes_spilled"], c["fallback_reason"] or ""))
     for p in procs:
         if "ring_memory" in p:
             print("%d %s: ring memory %.1f MiB of %.1f MiB (RDMASOCK_RING_MEMORY_MAX)"

@@ -38,6 +38,13 @@ def _stream_ended(sock):
         return False            # nothing yet; or a reset, which the reads that follow report
 
 
+
+def _features():
+    """The handshake features this process offers: all it supports, SPILL unless
+    RDMASOCK_SPILL turns it off."""
+    return hs.SUPPORTED if config.get().spill else hs.SUPPORTED & ~hs.F_SPILL
+
+
 class Outcome:
     """How a handshake ended.  `preamble`: the server answered a HELLO, so the client's
     first bytes arrive as preamble frames ending in SWITCH (docs/PROTOCOL.md 2.9);
@@ -288,7 +295,7 @@ class Client(_Side):
             except RdmaUnavailable as exc:
                 self.local_reason = _rdma_reason(exc)
                 self.rdma = None
-        hello = hs.Message(hs.OP_HELLO, features=hs.SUPPORTED, transports=offer, nonce=self.nonce,
+        hello = hs.Message(hs.OP_HELLO, features=_features(), transports=offer, nonce=self.nonce,
                            ring_log2=cfg.ring_size.bit_length() - 1, pid=os.getpid(), ext=ext)
         _sendall(self.sock, hello.pack())
         self.hello_sent = True
@@ -346,6 +353,7 @@ class Client(_Side):
         if conn.salt != msg.salt or conn.ring_size != 1 << msg.ring_log2:
             transport_shm.release(conn)
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
+        conn.spill_ok = bool(msg.features & hs.F_SPILL)
         return Outcome("shm", conn=conn)
 
     def _accept_rdma(self, msg):
@@ -439,7 +447,7 @@ class Server(_Side):
             if side is not None:
                 side.close()
             return Outcome("tcp", _rdma_reason(exc))
-        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_RDMA, hello.features & hs.SUPPORTED
+        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_RDMA, hello.features & _features()
         reply.ring_log2, reply.salt, reply.ext = hello.ring_log2, salt, params
         _keepalive(self.sock)
         return Outcome("rdma", conn=conn)
@@ -465,8 +473,9 @@ class Server(_Side):
         finally:
             if memfd is not None:
                 os.close(memfd)
-        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, hello.features & hs.SUPPORTED
+        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, hello.features & _features()
         reply.ring_log2, reply.salt = ring_log2, salt
+        conn.spill_ok = bool(reply.features & hs.F_SPILL)
         return Outcome("shm", conn=conn)
 
     def close(self):

@@ -62,6 +62,8 @@ struct rs_tx {
                                * edge-triggered EPOLLOUT is due when room follows one */
     uint64_t stall_head;      /* credit when the ring was first seen full (rs_tx_stalled) */
     uint64_t stall_since;     /* ... and when, 0 if not full */
+    uint64_t spilled;         /* stream bytes sent over the socket by SPILL (relaxed) */
+    uint64_t spills;          /* SPILL records written (relaxed) */
     struct rs_tx_move move;   /* the direction's move to TCP */
 } __attribute__((aligned(64)));
 
@@ -94,6 +96,11 @@ struct rs_rx {
     uint64_t records, sleeps;
     struct rs_rx_pre pre;     /* the client's preamble */
     struct rs_rx_move move;   /* the direction's move to TCP */
+    uint64_t spill_left;      /* stream bytes of the current SPILL still to read from the socket */
+    uint8_t  spill_state;     /* RS_SPILL_* (rs_spill.c): where in the socket's part of a SPILL */
+    uint8_t  spill_got;       /* bytes of the SPILL mark read so far */
+    uint8_t  spill_mark[RS_SPILL_MARK_LEN];
+    uint64_t spilled;         /* stream bytes received over the socket by SPILL */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -115,6 +122,8 @@ struct rs_conn {
     uint8_t  switch_due;      /* client: SWITCH goes before our next TCP byte or after our first
                                * records (1 due, 2 being sent; rs_preamble.c) */
     uint8_t  switch_sent;     /* bytes of that SWITCH frame on the socket so far */
+    uint8_t  spill_ok;        /* both ends speak SPILL (handshake feature): a ring that stays
+                               * full spills to the socket for a while (rs_spill.c) */
     char     errmsg[RS_ERRMSG_LEN];
 
     const struct rs_transport *ops;   /* how records travel (rs_transport.h) */
@@ -186,6 +195,9 @@ void     rs_tx_flush_bell(rs_conn *c);
 int      rs_tx_writable(rs_conn *c);
 int      rs_tx_writable_locked(rs_conn *c);
 int      rs_tx_stalled(rs_conn *c);
+uint64_t rs_tx_full_ns(rs_conn *c);
+int      rs_tx_spill_room(rs_conn *c);
+void     rs_tx_put_spill(rs_conn *c, uint32_t count);
 int      rs_tx_unread_at_peer(rs_conn *c);
 int      rs_tx_credit_unread(rs_conn *c);
 int      rs_conn_reset_once(rs_conn *c);
@@ -269,6 +281,15 @@ static inline int rs_rx_on_tcp(rs_conn *c)
 {
     return c->ops->lossy_failure ? RS_GET(c->fb) : __atomic_load_n(&c->rx.move.state, __ATOMIC_ACQUIRE) != 0;
 }
+
+/* rs_spill.c */
+int      rs_spill_due(rs_conn *c);
+size_t   rs_spill_send(rs_conn *c, const void *src, size_t len);
+void     rs_spill_begin_rx(rs_conn *c, uint32_t count);
+int      rs_spill_rx_active(rs_conn *c);
+ssize_t  rs_spill_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+int      rs_spill_rx_ready(rs_conn *c);
+long     rs_spill_available(rs_conn *c);
 
 /* rs_fallback.c */
 void     rs_fb_begin(rs_conn *c, int reason);

@@ -48,12 +48,17 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     if (lw == 0) return 0;
     uint32_t rec;
     if (lw >= RS_LEN_CTL_MIN) {
-        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN && lw != RS_LEN_RESET && lw != RS_LEN_MOVED) {
+        if (lw != RS_LEN_WRAP && lw != RS_LEN_FIN && lw != RS_LEN_RESET && lw != RS_LEN_MOVED &&
+            !(lw == RS_LEN_SPILL && c->spill_ok)) {
             if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: unknown control code 0x%08x at ring offset %u", lw, off);
             return -1;
         }
-        rec = 8;
+        rec = rs_rec_size(lw);
+        if ((uint64_t)off + rec > c->ring_size) {
+            rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: control code 0x%08x at ring offset %u crosses the ring end", lw, off);
+            return -1;
+        }
     } else {
         if (lw > c->max_payload) {
             if (!confirmed_corrupt(c, cur, lw, 0)) return 0;
@@ -85,9 +90,11 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
 size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 {
     if (c->rx.move.state) return 0;                     /* the ring is done (rs_fallback.c) */
+    if (c->rx.spill_state) return 0;                    /* the socket has the next bytes (rs_spill.c) */
     struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     size_t got = 0;
     int fin = 0, moved = 0;
+    uint32_t spill = 0;
     uint64_t lap_end = cur.pos + c->ring_size;
     while ((got < len || (!cur.cur_len && !peek)) && cur.pos < lap_end) {
         if (!cur.cur_len) {
@@ -101,6 +108,23 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
                 cur.pos += 8;
                 cur.seq++;
                 moved = 1;
+                break;
+            }
+            if (lw == RS_LEN_SPILL) {
+                /* the stream goes on on the socket for `count` bytes, then here again; a
+                 * peek stops before it (ring_recv steps over it) */
+                if (peek) break;
+                uint32_t count, zero;
+                memcpy(&count, c->rx.ring + off + 4, 4);
+                memcpy(&zero, c->rx.ring + off + 8, 4);
+                if (!count || count > RS_SPILL_MAX || zero) {
+                    rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: SPILL of %u bytes at ring offset %u", count, off);
+                    break;
+                }
+                memset(c->rx.ring + off, 0, 16);
+                cur.pos += 16;
+                cur.seq++;
+                spill = count;
                 break;
             }
             if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
@@ -134,6 +158,7 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
     c->rx.bytes += got;
     if (fin) c->rx.fin_seen = 1;
     if (fin == 2) c->rx.peer_reset = 1;
+    if (spill) rs_spill_begin_rx(c, spill);
     rs_rx_publish_credit(c, moved);
     if (moved) rs_fb_rx_moved(c);
     return got;
@@ -147,8 +172,9 @@ int rs_rx_ready_locked(rs_conn *c)
     if (c->rx.move.state) return rs_fb_rx_ready(c);
     if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err) || c->rx.shut_rd) return 1;
     uint8_t dummy;
-    rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP, notices FIN */
+    rs_rx_take(c, &dummy, 0, 0);                /* steps over WRAP and SPILL, notices FIN */
     if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err)) return 1;
+    if (c->rx.spill_state) return rs_spill_rx_ready(c);
     if (rs_rx_on_tcp(c)) return rs_fb_rx_ready(c);      /* the ring has nothing more: the socket has the rest */
     return 0;
 }
@@ -185,7 +211,7 @@ static int rx_activity(rs_conn *c)
 {
     uint64_t pos = __atomic_load_n(&c->rx.pos, __ATOMIC_RELAXED);
     return __atomic_load_n((uint32_t *)(c->rx.ring + (pos & c->mask)), __ATOMIC_RELAXED) != 0 ||
-           rs_rx_on_tcp(c) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
+           rs_rx_on_tcp(c) || rs_spill_rx_active(c) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
            __atomic_load_n(&c->rx.shut_rd, __ATOMIC_RELAXED);
 }
 
@@ -245,6 +271,7 @@ ssize_t rs_rx_available(rs_conn *c)
 
 static ssize_t ring_available(rs_conn *c)
 {
+    if (c->rx.spill_state) return rs_spill_available(c);
     struct cursor cur = { c->rx.pos, c->rx.seq, c->rx.cur_len, c->rx.cur_off };
     uint64_t total = cur.cur_len - cur.cur_off;
     if (cur.cur_len) { cur.pos += rs_rec_size(cur.cur_len); cur.seq++; }
@@ -252,7 +279,7 @@ static ssize_t ring_available(rs_conn *c)
         uint32_t lw;
         if (check_record(c, &cur, &lw) <= 0) break;
         uint32_t step = rs_rec_span(c, cur.pos, lw);
-        if (lw == RS_LEN_FIN || lw == RS_LEN_RESET || lw == RS_LEN_MOVED) break;
+        if (lw == RS_LEN_FIN || lw == RS_LEN_RESET || lw == RS_LEN_MOVED || lw == RS_LEN_SPILL) break;
         if (lw != RS_LEN_WRAP) total += lw;
         cur.pos += step; cur.seq++; walked += step;
     }
@@ -391,6 +418,22 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             r = (ssize_t)got;
             break;
         }
+        if (peek && !got && !c->rx.cur_len) {
+            uint8_t none;
+            rs_rx_take(c, &none, 0, 0);                 /* a SPILL record peeks no further */
+        }
+        if (c->rx.spill_state) {
+            /* the next bytes are on the socket (rs_spill.c), then the ring again */
+            rs_unlock(&c->rx.lock);
+            if (peek && got) return (ssize_t)got;
+            ssize_t n = rs_spill_recv(c, (uint8_t *)buf + got, len - got, flags, nonblock ? 0 : rs_ms_until(deadline));
+            if (n < 0) return got ? (ssize_t)got : n;
+            got += (size_t)n;
+            if (n > 0 && (got == len || !waitall)) return (ssize_t)got;
+            fruitless = 0;
+            rs_lock(&c->rx.lock);
+            continue;
+        }
         /* After shutdown(SHUT_RD) a read takes what is there and never waits (Linux TCP). */
         if (c->rx.peer_reset) { r = got ? (ssize_t)got : rs_conn_reset_once(c); break; }
         if (c->rx.fin_seen || c->rx.shut_rd) { r = (ssize_t)got; break; }
@@ -409,7 +452,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             uint8_t none;
             if (peek && !got) rs_rx_take(c, &none, 0, 0);    /* steps over WRAP, FIN, MOVED */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
-            if (!got && rs_rx_on_tcp(c)) continue;     /* the peer's MOVED record: the rest is on the socket */
+            if (!got && (rs_rx_on_tcp(c) || c->rx.spill_state)) continue;   /* MOVED or SPILL: the socket has more */
             rs_unlock(&c->rx.lock);
             if (got) return (ssize_t)got;
             if (c->rx.fin_seen) return c->rx.peer_reset ? rs_conn_reset_once(c) : 0;

@@ -58,6 +58,7 @@
     X(TRANSPORTS, "RDMASOCK_TRANSPORTS", "shm,rdma") \
     X(RING_SIZE, "RDMASOCK_RING_SIZE", "262144") \
     X(RING_MEMORY_MAX, "RDMASOCK_RING_MEMORY_MAX", "8589934592") \
+    X(SPILL, "RDMASOCK_SPILL", "1") \
     X(SPIN_US, "RDMASOCK_SPIN_US", "1000") \
     X(LOG_FILE, "RDMASOCK_LOG_FILE", "") \
     X(LOG_LEVEL, "RDMASOCK_LOG_LEVEL", "info") \
@@ -97,7 +98,7 @@ struct rs_stat_slot {
     uint8_t  local[28];     /* struct sockaddr_in or sockaddr_in6 */
     uint8_t  peer[28];
     uint64_t tx_bytes, rx_bytes;
-    uint8_t  pad[8];
+    uint64_t tx_spilled;    /* of tx_bytes, sent over the TCP socket by SPILL (PROTOCOL 6.9) */
 };
 #define RS_STAT_MAGIC  0x5453534Bu       /* "KSST" */
 /* nslots grows (the memfd with it) as connections open; ring_bytes/ring_max are the

@@ -33,7 +33,8 @@ int rs_bell_send(rs_conn *c, uint8_t kind)
 /* The doorbell scan: how many of the n bytes peeked off the socket (buf) are doorbells,
  * counted by kind into kinds[0] (data) and kinds[1] (credit) if given.  *next is what
  * follows them: -1 nothing (all n are doorbells), RS_BELL_RESYNC (the peer's direction
- * moved to TCP: the frame and what follows are its stream), or a garbage byte. */
+ * moved to TCP: the frame and what follows are its stream), RS_BELL_SPILL (a SPILL mark,
+ * then stream bytes: rs_spill.c), or a garbage byte. */
 long rs_bell_scan(const uint8_t *buf, long n, int *next, uint64_t *kinds)
 {
     long k = 0;

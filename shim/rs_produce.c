@@ -27,6 +27,15 @@ static inline uint64_t tx_free(rs_conn *c)
     return (uint64_t)c->ring_size - 8 - (c->tx.pos - c->tx.head_seen);
 }
 
+/* Room for data records.  Where both ends spill, a sixteenth of the ring is kept for
+ * SPILL records: a consumer that takes nothing must not stop the stream from lending the
+ * socket's buffers (a program writing 4 KiB at a time needs one record per write). */
+static inline uint64_t tx_room(rs_conn *c)
+{
+    uint64_t keep = c->spill_ok ? c->ring_size / 16u : 0, f = tx_free(c);
+    return f > keep ? f - keep : 0;
+}
+
 static inline void refresh_credit(rs_conn *c) { c->ops->refresh_credit(c); }
 
 static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32_t n)
@@ -51,23 +60,53 @@ void rs_tx_put_moved(rs_conn *c)
     rs_tx_flush_bell(c);
 }
 
-/* Caller holds tx_lock and found the ring full.  1 if the consumer has returned no credit
- * for RS_STALL_NS since the ring was first found full: the connection then moves to TCP
- * (rs_fallback.c), as a ring holds far less than the kernel's socket buffers.  Only
- * transports that say so (stall_moves: shm) move; an rdma consumer's credit comes by RDMA
- * READ and a slow one is not a stalled one. */
-int rs_tx_stalled(rs_conn *c)
+/* Caller holds tx_lock and found the ring full: how long the consumer has returned no
+ * credit since the ring was first found so (0 at the first look). */
+uint64_t rs_tx_full_ns(rs_conn *c)
 {
-    if (!c->ops->stall_moves || c->tx.fin_sent) return 0;
     uint64_t now = rs_now_ns();
     if (!c->tx.stall_since || c->tx.stall_head != c->tx.head_seen) {
         c->tx.stall_head = c->tx.head_seen;
         c->tx.stall_since = now;
         return 0;
     }
-    if (now - c->tx.stall_since < RS_STALL_NS) return 0;
+    return now - c->tx.stall_since;
+}
+
+/* Caller holds tx_lock and found the ring full.  1 if the consumer has returned no credit
+ * for RS_STALL_NS since the ring was first found full: the connection then moves to TCP
+ * (rs_fallback.c), as a ring holds far less than the kernel's socket buffers.  Only
+ * transports that say so (stall_moves: shm) move; an rdma consumer's credit comes by RDMA
+ * READ and a slow one is not a stalled one.  Where both ends spill (rs_spill.c), the ring
+ * lends the socket's buffers instead and moves only if it has no room left for a SPILL
+ * record; a full socket is then TCP's own limit, and the writer waits as over TCP. */
+int rs_tx_stalled(rs_conn *c)
+{
+    if (!c->ops->stall_moves || c->tx.fin_sent) return 0;
+    uint64_t full = rs_tx_full_ns(c);
+    if (c->spill_ok && rs_tx_spill_room(c)) return 0;
+    if (full < RS_STALL_NS) return 0;
     rs_fb_begin(c, RS_REASON_RING_STALLED);
     return 1;
+}
+
+/* SPILL records (rs_spill.c) are 16 bytes, after a WRAP if fewer are left before the end;
+ * they use room a write could use, never the 8 bytes kept for FIN. */
+int rs_tx_spill_room(rs_conn *c)
+{
+    uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
+    return tx_free(c) >= (to_end < 16 ? to_end : 0) + 16;
+}
+
+void rs_tx_put_spill(rs_conn *c, uint32_t count)
+{
+    uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
+    if (to_end < 16) {
+        put_record(c, RS_LEN_WRAP, NULL, 0);
+        c->tx.pos += to_end - 8;
+    }
+    uint8_t le[4] = { (uint8_t)count, (uint8_t)(count >> 8), (uint8_t)(count >> 16), (uint8_t)(count >> 24) };
+    put_record(c, RS_LEN_SPILL, le, 4);
 }
 
 /* The peer closed its socket: EPIPE, unless its transport failed first and said so, or
@@ -96,7 +135,9 @@ static ssize_t write_to_gone(rs_conn *c, size_t len)
 /* Small writes are kept in one record (wrapping early); large ones fill the ring tail. */
 #define RS_KEEP_WHOLE 512u
 
-/* Blocks until `need` bytes of credit are free, the deadline passes or the peer is gone. */
+/* Blocks until `need` bytes of credit are free (0), a SPILL is due (RS_CREDIT_SPILL), the
+ * deadline passes or the peer is gone (-errno). */
+#define RS_CREDIT_SPILL 1
 static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progress, struct rs_sigwait *sw);
 
 /* An untimed wait with nothing sent yet takes its signals by the kernel's rules (a
@@ -121,7 +162,7 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         if (RS_GET(c->fb)) return -EAGAIN;              /* rs_send goes on by TCP */
         rs_tx_switch(c);            /* the consumer reads no record of ours before our SWITCH */
         refresh_credit(c);
-        if (tx_free(c) >= need) return 0;
+        if (tx_room(c) >= need) return 0;
         if (RS_GET(c->err)) return -RS_GET(c->err);
         if (RS_GET(c->tcp_eof)) return peer_gone(c);
         if (c->tx.fin_sent) return -EPIPE;         /* shutdown(SHUT_WR) in another thread */
@@ -135,8 +176,9 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         }
         rs_tx_arm_credit_locked(c);
         refresh_credit(c);
-        if (tx_free(c) >= need) return 0;
+        if (tx_room(c) >= need) return 0;
         if (rs_tx_stalled(c)) return -EAGAIN;          /* rs_send goes on by TCP */
+        if (rs_spill_due(c)) return RS_CREDIT_SPILL;
         /* Sleep without touching the receive side (another thread may be in recv) or
          * the socket's data (its readiness belongs to the receiver): short, growing naps,
          * without the lock (another sender, poll or close may go on meanwhile). */
@@ -199,15 +241,20 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
             else chunk = to_end - 8;
         }
         uint64_t need = (wrap ? to_end : 0) + rs_rec_size(chunk);
-        if (tx_free(c) < need) refresh_credit(c);
-        if (tx_free(c) < need && chunk > RS_KEEP_WHOLE) {
+        if (tx_room(c) < need) refresh_credit(c);
+        if (tx_room(c) < need && chunk > RS_KEEP_WHOLE) {
             /* Partial room: write what fits rather than wait for all of it (after the
              * wrap, if one is due), as rs_tx_writable promised. */
-            uint64_t skip = wrap ? to_end : 0, room = tx_free(c) > skip ? tx_free(c) - skip : 0;
+            uint64_t skip = wrap ? to_end : 0, room = tx_room(c) > skip ? tx_room(c) - skip : 0;
             if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = skip + rs_rec_size(chunk); }
         }
-        if (tx_free(c) < need) {
+        if (tx_room(c) < need) {
             if (!nonblock && deadline == RS_NEVER && rs_conn_app_nonblocking(c)) nonblock = 1;
+            if (rs_spill_due(c)) {
+                size_t k = rs_spill_send(c, src + sent, len - sent);
+                sent += k;
+                if (k) continue;
+            }
             if (nonblock) {
                 /* Full ring: only here is it worth a system call to learn that the peer
                  * is gone (a nonblocking writer would otherwise retry forever). */
@@ -217,6 +264,7 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
                 break;
             }
             int r = wait_credit(c, need, deadline, sent > 0);
+            if (r == RS_CREDIT_SPILL) continue;
             if (RS_GET(c->fb)) break;                   /* sent so far is in the resend; rs_send goes on */
             if (r < 0) {
                 if (sent) break;
@@ -289,15 +337,17 @@ int rs_tx_writable_locked(rs_conn *c)
     if (RS_GET(c->fb)) return rs_fb_tx_writable(c);
     if (RS_GET(c->tcp_eof)) return 1;
     refresh_credit(c);
-    return tx_free(c) >= 2u * RS_KEEP_WHOLE + 16;
+    return tx_room(c) >= 2u * RS_KEEP_WHOLE + 16;
 }
 
-/* Writability for a readiness check (poll, epoll): a full ring that stalled moves to TCP
- * here, as a wait for room is where a program that writes before it reads waits. */
+/* Writability for a readiness check (poll, epoll): a full ring that stalled spills, or
+ * moves to TCP, here, as a wait for room is where a program that writes before it reads
+ * waits. */
 int rs_tx_writable(rs_conn *c)
 {
     rs_lock(&c->tx.lock);
     int r = rs_tx_writable_locked(c);
+    if (!r && rs_spill_due(c)) r = 1;
     if (!r && rs_tx_stalled(c)) r = rs_fb_tx_writable(c);
     rs_unlock(&c->tx.lock);
     return r;

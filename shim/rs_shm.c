@@ -183,12 +183,13 @@ static void credit_bell(rs_conn *c)
 
 /* Doorbell bytes at the front of what the socket holds (peeked: n bytes in buf): how many
  * may be read off.  A RESYNC frame's first byte ends them: the peer's direction moved to
- * TCP and our ring has its MOVED record, which the consumer reaches first. */
+ * TCP and our ring has its MOVED record, which the consumer reaches first.  So does a
+ * SPILL mark: its SPILL record is in our ring, or about to be. */
 static long leading_bells(rs_conn *c, const uint8_t *buf, long n)
 {
     int next;
     long k = rs_bell_scan(buf, n, &next, NULL);
-    if (next >= 0 && next != RS_BELL_RESYNC) rs_bell_garbage(c, next);
+    if (next >= 0 && next != RS_BELL_RESYNC && !(next == RS_BELL_SPILL && c->spill_ok)) rs_bell_garbage(c, next);
     return k;
 }
 
@@ -231,6 +232,7 @@ static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (c->rx.move.state) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
+    if (c->rx.spill_state) return rs_spill_rx_ready(c); /* inside a SPILL: the socket has the next bytes */
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
     __atomic_store_n(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check

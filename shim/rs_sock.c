@@ -506,6 +506,9 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
         r = rs_send(s->conn, (const uint8_t *)buf + pre, n - (size_t)pre, timeout == 0, timeout);
         if (pre) r = r < 0 ? pre : r + pre;
         if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
+        uint64_t spilled = __atomic_load_n(&s->conn->tx.spilled, __ATOMIC_RELAXED);
+        if (s->stat && __builtin_expect(spilled != s->stat->tx_spilled, 0))
+            __atomic_store_n(&s->stat->tx_spilled, spilled, __ATOMIC_RELAXED);
     } else if (st != RS_CLIENT_HS) {
         *plain = 1;
         return 0;

@@ -6,7 +6,7 @@
  *
  *     u32 lenword | payload[len] | zero padding | u32 footer        (total = align8(len + 8))
  *
- * lenword is the payload length (1 .. max_payload) or a control code (WRAP, FIN).  The
+ * lenword is the payload length (1 .. max_payload) or a control code (WRAP, FIN, ...).  The
  * footer is a non-zero 32-bit hash of (salt, record sequence number, lenword): a consumer
  * treats a record as complete only when the footer word holds exactly that value, so
  * zeroed memory, a half-written record, a stale record of an earlier lap and a record of
@@ -29,11 +29,14 @@
                                                  * ours unread): ECONNRESET after this, as TCP's RST */
 #define RS_LEN_MOVED       0xFFFFFFFCu          /* sender's direction goes on over the TCP socket: a RESYNC
                                                  * frame resuming at exactly this point is there (PROTOCOL 6.8) */
+#define RS_LEN_SPILL       0xFFFFFFFBu          /* the next u32 (count) stream bytes are on the TCP socket,
+                                                 * behind a SPILL mark; then this ring again (PROTOCOL 6.9) */
 #define RS_LEN_CTL_MIN     0xFFFFFF00u          /* lenwords >= this are control codes */
 
 #define RS_BELL_DATA       0xD7u                /* doorbell byte: new records in your ring */
 #define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
 #define RS_BELL_RESYNC     0xE5u                /* first byte of a RESYNC frame: the rest of the stream is TCP */
+#define RS_BELL_SPILL      0xE6u                /* first byte of a SPILL mark: spilled stream bytes follow */
 /* rs_dir_ctl.want_bell: a doorbell for the next record (1), for every publication (2: the
  * consumer's program takes SIGIO, which the kernel raises for each arrival) */
 #define RS_WANT_NEXT       1u
@@ -43,10 +46,16 @@
 #define RS_RESYNC_LEN      16u                  /* u8 0xE5, u8 version 1, u16 0, u32 check, u64 resume offset */
 #define RS_RESYNC_VERSION  1u
 #define RS_RESYNC_TAG      0xE5E5E5E5u          /* lenword given to rs_footer for the frame's check */
+#define RS_SPILL_MARK_LEN  8u                   /* u8 0xE6, u8 version 1, u16 0, u32 check */
+#define RS_SPILL_VERSION   1u
+#define RS_SPILL_TAG       0xE6E6E6E6u          /* lenword given to rs_footer for the mark's check */
+#define RS_SPILL_MAX       (1u << 30)           /* largest count a SPILL record may carry */
 
-/* Total ring bytes a record with this lenword occupies. */
+/* Total ring bytes a record with this lenword occupies.  SPILL carries its count in the
+ * word after the lenword (then a zero word, then the footer). */
 static inline uint32_t rs_rec_size(uint32_t lenword)
 {
+    if (lenword == RS_LEN_SPILL) return 16;
     if (lenword >= RS_LEN_CTL_MIN) return 8;
     return (lenword + 8u + 7u) & ~7u;
 }

@@ -16,15 +16,17 @@ Each role runs with plain sockets ("plain", or under the preload library when st
                                            Prints one JSON line; exit 0 iff it matched.
 
 Every socket has a 120 s timeout, so a deadlock ends as a failure, not a hang.
+BULK_ECHO_CHUNK in the environment sets the most bytes read (and echoed) at once.
 """
 import hashlib
 import json
+import os
 import socket
 import sys
 import threading
 
 TIMEOUT = 120
-CHUNK = 256 * 1024
+CHUNK = int(os.environ.get("BULK_ECHO_CHUNK", 256 * 1024))
 
 
 def make_socket(mode):

@@ -11,7 +11,6 @@ own mappings (/memfd:rdmasock), where the legitimate handshake put it.
 import ctypes
 import os
 import random
-import socket
 import struct
 import sys
 import threading

@@ -6,9 +6,10 @@ flowing while a second thread reads.  Over plain TCP the kernel's socket buffers
 the write-first case up to what they hold (on the 2-CPU test hosts 6 MiB always, 8 MiB
 only sometimes: larger sizes deadlock over TCP too); a ring holds 256 KiB.  Every pairing of plain sockets, the preload
 library and rdmasock.socket must deliver the echo byte for byte, and a connection with
-rdmasock on both ends must really have been upgraded (and, if its ring stalled, have
-moved to TCP with reason ring_stalled, never failed).  Also a proxy relaying both ways at
-once between such programs."""
+rdmasock on both ends must really have been upgraded and stay so: a full ring spills to
+the socket's buffers (docs/PROTOCOL.md 6.9).  Against a peer that does not spill, a ring
+that stalls moves to TCP with reason ring_stalled, never fails.  Also a proxy relaying
+both ways at once between such programs."""
 import json
 import os
 import subprocess
@@ -33,8 +34,8 @@ def _cmd(mode, *args):
 
 
 class Server:
-    def __init__(self, mode, role, log, *extra):
-        env = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    def __init__(self, mode, role, log, *extra, env=None):
+        env = dict(os.environ if env is None else env, RDMASOCK_LOG_FILE=log)
         self.p = subprocess.Popen(_cmd(mode, role, "MODE", *extra), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=env)
         line = self.p.stdout.readline().split()
@@ -59,18 +60,19 @@ def _client(mode, port, size, log, duplex=False):
     return out
 
 
-def _check_upgraded(cmode, smode, out, logs):
-    """Both ends run rdmasock: the connection was upgraded, and if it left the ring it
-    was for ring_stalled."""
+def _check_upgraded(cmode, smode, out, logs, spill=True):
+    """Both ends run rdmasock: the connection was upgraded.  Where both spill, a full ring
+    lends the socket's buffers and the connection stays on its ring; where one does not,
+    a ring that stalled moves to TCP (ring_stalled), and nothing else may end it."""
     if "plain" in (cmode, smode):
         return
     text = "".join(open(l).read() for l in logs if os.path.exists(l))
     if cmode == "api":
-        assert out["transport"] == "shm" or out["fallback_reason"] in MOVED, out
+        assert out["transport"] == "shm" or (not spill and out["fallback_reason"] in MOVED), out
     assert "transport=shm" in text or cmode == smode == "api", text
     for line in text.splitlines():
         if "transport=tcp" in line:
-            assert any("reason=%s " % r in line for r in MOVED), line
+            assert not spill and any("reason=%s " % r in line for r in MOVED), line
 
 
 @pytest.mark.parametrize("size,duplex", [(1 * MiB, False), (4 * MiB, False), (64 * MiB, True)],
@@ -108,17 +110,36 @@ def test_proxy_relaying_both_ways(tmp_path, mode):
     _check_upgraded(mode, mode, out, logs)
 
 
+@pytest.mark.parametrize("smode,cmode", [("preload", "preload"), ("api", "api"), ("preload", "api")])
+def test_small_echo_writes_spill(tmp_path, smode, cmode):
+    """The echo server answers 4 KiB at a time while the client writes 4 MiB before it
+    reads: every answer spills on its own SPILL record (a thousand of them, which the
+    ring keeps room for), and the connection stays on its ring."""
+    slog, clog = str(tmp_path / "server.log"), str(tmp_path / "client.log")
+    srv = Server(smode, "server", slog, env=dict(os.environ, BULK_ECHO_CHUNK="4096"))
+    try:
+        out = _client(cmode, srv.port, 4 * MiB, clog)
+    finally:
+        srv.stop()
+    assert out["received"] == 4 * MiB
+    _check_upgraded(cmode, smode, out, [slog, clog])
+
+
 @pytest.mark.parametrize("smode,cmode", [("preload", "api"), ("api", "preload"), ("preload", "preload")])
 def test_moves_repeated_on_one_server(tmp_path, smode, cmode):
-    """The move races the writer's own waits (a poll for room while a blocking send naps,
-    credit arriving as the ring stalls): many connections in a row, each byte-exact.
-    Once, a doorbell byte written after the RESYNC frame reached the application."""
+    """Against a server that does not spill (RDMASOCK_SPILL=0, as a peer of an older
+    version), a full ring moves to TCP.  The move races the writer's own waits (a poll for
+    room while a blocking send naps, credit arriving as the ring stalls): many connections
+    in a row, each byte-exact.  Once, a doorbell byte written after the RESYNC frame
+    reached the application."""
     slog = str(tmp_path / "server.log")
-    srv = Server(smode, "server", slog)
+    srv = Server(smode, "server", slog, env=dict(os.environ, RDMASOCK_SPILL="0"))
     try:
         for i in range(8):
-            out = _client(cmode, srv.port, 4 * MiB, str(tmp_path / ("client%d.log" % i)))
+            clog = str(tmp_path / ("client%d.log" % i))
+            out = _client(cmode, srv.port, 4 * MiB, clog)
             assert out["received"] == 4 * MiB
+            _check_upgraded(cmode, smode, out, [clog], spill=False)
     finally:
         srv.stop()
     text = open(slog).read()

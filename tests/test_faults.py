@@ -3,10 +3,10 @@ import errno
 import glob
 import os
 import pwd
+import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -82,6 +82,9 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
 
 
 def test_full_ring_backpressure(pair):
+    """A reader that takes nothing: the writer fills the ring, then (after the ring stayed
+    full a moment) the socket buffers it lends (SPILL), then waits, as over TCP; the
+    reader gets every byte, and the connection stays on its ring."""
     c, s = pair()
     c.setblocking(False)
     total = 0
@@ -89,9 +92,19 @@ def test_full_ring_backpressure(pair):
         for _ in range(10000):
             total += c.send(b"z" * 4096)
     assert 100000 < total <= 4 << 20                 # a ring's worth was accepted
+    ring = total
+    for _ in range(20000):                           # then what the socket's buffers take
+        if not select.select([], [c], [], 0.3)[1]:
+            break
+        try:
+            total += c.send(b"z" * 4096)
+        except BlockingIOError:
+            pass
+    assert ring < total <= ring + (64 << 20)
     c.settimeout(0.2)
     with pytest.raises(TimeoutError):
         c.sendall(b"z" * 4096)
+    assert c.transport == "shm" and c.stats()["bytes_spilled"] > 0
     got = 0
     s.settimeout(5)
     while got < total:

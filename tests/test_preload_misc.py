@@ -6,7 +6,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -109,6 +108,66 @@ def test_stat_lists_live_connections(cbin, tmp_path):
     finally:
         _stop(cli)
         _stop(srv)
+
+
+_SPILL_PEERS = r"""
+import socket, sys
+if sys.argv[1] == "server":
+    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+    print(ls.getsockname()[1], flush=True)
+    c, _ = ls.accept()
+    c.settimeout(60)
+    assert c.recv(1) == b"x"              # the handshake is over once both have exchanged a byte
+    c.sendall(b"y")
+    sys.stdin.readline()                  # reads nothing more until told
+    n = 0
+    while True:
+        d = c.recv(1 << 16)
+        if not d:
+            break
+        n += len(d)
+    print(n, flush=True)
+else:
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=60)
+    c.sendall(b"x")
+    assert c.recv(1) == b"y"
+    c.sendall(b"s" * (2 << 20))           # a timeout here ends the test as a failure
+    print("sent", flush=True)
+    sys.stdin.readline()
+    c.close()
+"""
+
+
+def test_stat_shows_spilled_bytes(tmp_path):
+    """A client writes 2 MiB to a server that reads nothing yet: the ring fills, the rest
+    goes over the socket behind SPILL records, and `rdmasock stat` says how much, on a
+    connection that stays shm; then the server gets every byte."""
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + ["/usr/bin/python3", "-c", _SPILL_PEERS, "server"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, env=_env(log))
+    cli = None
+    try:
+        port = srv.stdout.readline().strip().decode()
+        cli = subprocess.Popen(RUN + ["/usr/bin/python3", "-c", _SPILL_PEERS, "client", port], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env=_env(log))
+        assert cli.stdout.readline() == b"sent\n"
+        procs = json.loads(subprocess.check_output([sys.executable, "-m", "rdmasock", "stat", "--json"], timeout=60))
+        conns = [c for p in procs if p["pid"] == cli.pid for c in p["connections"]]
+        assert len(conns) == 1 and conns[0]["transport"] == "shm", procs
+        assert 0 < conns[0]["bytes_spilled"] < 2 << 20 <= conns[0]["bytes_sent"], conns
+        text = subprocess.check_output([sys.executable, "-m", "rdmasock", "stat"], text=True, timeout=60)
+        assert "SPILLED" in text.splitlines()[0]
+        srv.stdin.write(b"go\n")
+        srv.stdin.flush()
+        cli.stdin.write(b"go\n")
+        cli.stdin.flush()
+        assert srv.stdout.readline() == b"%d\n" % (2 << 20)      # every byte after the first
+        assert cli.wait(30) == 0 and srv.wait(30) == 0
+        assert "reason=" not in open(log).read()
+    finally:
+        for p in (cli, srv):
+            if p is not None:
+                _stop(p)
 
 
 def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):

@@ -3,15 +3,12 @@
 A hostile process running as `nobody` squats rendezvous names and injects descriptors into
 a client's name.  Each attack must end in plain TCP with a visible reason (or a clean
 upgrade), with no error, no stall over 100 ms and no byte lost or added."""
-import os
 import socket
 import subprocess
-import sys
 import textwrap
 import threading
 import time
 
-import pytest
 
 import rdmasock
 from rdmasock import rendezvous

@@ -122,4 +122,4 @@ if KNOWN_SHIM_BUGS:
         print(out)
         if rc != 0:
             raise KnownShimBug("%s: %s\n%s" % (name, KNOWN_SHIM_BUGS[name], out))
-    assert ("ok %s " % name) in out, out
+        assert ("ok %s " % name) in out, out

@@ -10,7 +10,6 @@ import os
 import random
 import threading
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import rdmasock

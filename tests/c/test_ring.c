@@ -735,7 +735,8 @@ static void t_bogus_length(void)
         bogus_case(heap, BOGUS_CROSSES_END, 17, 0);        /* rec 32 > the 24 bytes left */
         bogus_case(heap, BOGUS_CTL, 0xFFFFFF10u, 0);
         bogus_case(heap, BOGUS_CTL, RS_LEN_CTL_MIN, 1);
-        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFBu, 0);          /* 0xFFFFFFFC is MOVED */
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFBu, 0);          /* SPILL, never agreed on here */
+        bogus_case(heap, BOGUS_CTL, 0xFFFFFFFAu, 1);
     }
 }
 
@@ -1136,6 +1137,150 @@ static void t_stall_move(void)
     send_str(p.srv, "after fin");
     expect_str(p.cli, "after fin");
     pair_close(&p);
+}
+
+/* ---- SPILL (docs/PROTOCOL.md 6.9) ---------------------------------------------------- */
+
+static void raw_write(int fd, const void *b, size_t n);
+
+static void pair_open_spill(struct pair *p, uint32_t ring)
+{
+    pair_open(p, ring, 0);
+    p->srv->spill_ok = p->cli->spill_ok = 1;
+}
+
+/* Writes into a full ring that nobody reads: EAGAIN until the ring has been untouched for
+ * the spill delay, then whatever the socket takes goes there, behind SPILL records, until
+ * the socket is full too; a blocking write does the same by itself.  The consumer gets
+ * every byte in order, through plain, peeking, MSG_WAITALL and FIONREAD reads, and the
+ * connection never leaves its ring. */
+static void t_spill(void)
+{
+    struct pair p;
+    pair_open_spill(&p, 4096);
+    uint64_t wpos = 0, rpos = 0;
+    uint8_t buf[16384];
+    fill_ring(p.cli, 1000, 11, &wpos);
+    uint64_t in_ring = wpos;
+    CHECK(in_ring > 2048 && in_ring < 4096, "filled %llu bytes", (unsigned long long)in_ring);
+    fill_pat(buf, 11, wpos, 1000);
+    CHECK_EQ(rs_send(p.cli, buf, 1000, 1, 0), -EAGAIN);   /* full, and not for long */
+    CHECK_EQ(p.cli->tx.spills, 0);
+    sleep_ms(30);
+    uint64_t spilled = 0;
+    for (int k = 0; k < 10000; k++) {
+        fill_pat(buf, 11, wpos, sizeof buf);
+        ssize_t r = rs_send(p.cli, buf, sizeof buf, 1, 0);
+        if (r == -EAGAIN) break;
+        CHECK(r > 0, "spilling rs_send returned %zd (%s)", r, r < 0 ? strerror((int)-r) : "");
+        wpos += (uint64_t)r;
+        spilled += (uint64_t)r;
+    }
+    CHECK(spilled > 16384, "only %llu bytes spilled", (unsigned long long)spilled);
+    CHECK(p.cli->tx.spills >= 1, "no SPILL record");
+    CHECK_EQ(p.cli->tx.spilled, spilled);
+    CHECK_EQ(p.cli->fb, 0);
+    /* a blocking write waits while the socket is full too: TCP's own limit */
+    fill_pat(buf, 11, wpos, 100);
+    double t0 = now_ms();
+    CHECK_EQ(rs_send(p.cli, buf, 100, 0, 200), -EAGAIN);
+    CHECK(now_ms() - t0 >= 150, "blocking write gave up early");
+    /* the consumer: ring records, then the spilled bytes; peeks and FIONREAD see them */
+    expect_pat(p.srv, 11, &rpos, in_ring);
+    ssize_t avail = rs_rx_available(p.srv);
+    CHECK(avail > 0 && (uint64_t)avail <= spilled, "FIONREAD inside a spill says %zd", avail);
+    uint8_t pk[64], want[64];
+    CHECK_EQ(rs_recv(p.srv, pk, sizeof pk, RS_MSG_PEEK, 1000), (ssize_t)sizeof pk);
+    fill_pat(want, 11, rpos, sizeof want);
+    CHECK(memcmp(pk, want, sizeof pk) == 0, "peeked spilled bytes differ");
+    CHECK_EQ(p.srv->rx.bytes, rpos);                       /* a peek consumed nothing */
+    uint8_t *big = malloc(spilled);
+    CHECK(big, "malloc");
+    ssize_t r = rs_recv(p.srv, big, (size_t)spilled, RS_MSG_WAITALL, 2000);
+    CHECK(r == (ssize_t)spilled, "MSG_WAITALL over the spill returned %zd of %llu; errmsg \"%s\"", r,
+          (unsigned long long)spilled, rs_conn_errmsg(p.srv));
+    VERIFY_PAT(big, 11, rpos, (size_t)spilled);
+    rpos += spilled;
+    free(big);
+    CHECK_EQ(p.srv->rx.spilled, spilled);
+    CHECK_EQ(p.srv->fb, 0);
+    /* back on the ring: the writer's credit returns, it writes records again */
+    uint64_t spills = p.cli->tx.spills;
+    fill_pat(buf, 11, wpos, 3000);
+    send_all_nb(p.cli, buf, 3000);
+    wpos += 3000;
+    CHECK_EQ(p.cli->tx.spills, spills);
+    expect_pat(p.srv, 11, &rpos, 3000);
+    CHECK_RING_ZERO(p.srv);
+    /* a blocking write into a full ring spills by itself */
+    fill_ring(p.cli, 1000, 11, &wpos);
+    uint64_t before = wpos;
+    fill_pat(buf, 11, wpos, 8192);
+    r = rs_send(p.cli, buf, 8192, 0, 2000);
+    CHECK(r == 8192, "blocking write into a full ring returned %zd", r);
+    wpos += 8192;
+    CHECK(p.cli->tx.spills > spills, "the blocking write did not spill");
+    expect_pat(p.srv, 11, &rpos, (size_t)(wpos - rpos));
+    CHECK(wpos > before, "nothing written");
+    /* readiness during a spill, then EOF after it */
+    fill_ring(p.cli, 1000, 11, &wpos);
+    sleep_ms(30);
+    fill_pat(buf, 11, wpos, 500);
+    CHECK_EQ(rs_send(p.cli, buf, 500, 1, 0), 500);
+    wpos += 500;
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    expect_pat(p.srv, 11, &rpos, (size_t)(wpos - rpos));
+    expect_recv_rc(p.srv, 0, 0, 1000);
+    CHECK_EQ(p.srv->fb, 0);
+    CHECK_EQ(p.cli->fb, 0);
+    pair_close(&p);
+
+    /* an old peer (no SPILL agreed): a stalled ring still moves, as stall_move shows */
+    pair_open(&p, 4096, 0);
+    wpos = 0;
+    fill_ring(p.cli, 1000, 12, &wpos);
+    sleep_ms(30);
+    CHECK_EQ(rs_send(p.cli, buf, 1000, 1, 0), -EAGAIN);
+    CHECK_EQ(p.cli->tx.spills, 0);
+    pair_close(&p);
+}
+
+/* The peer that spills is not trusted: a SPILL record with a bad count, garbage where its
+ * mark should be, a mark with a wrong check, and a socket that ends inside the spilled
+ * bytes are each EPROTO, after the bytes that came intact before them. */
+static void spill_bad_case(int kind)
+{
+    struct pair p;
+    pair_open_spill(&p, 4096);
+    send_str(p.cli, "before");
+    uint32_t off = (uint32_t)(p.cli->tx.pos & p.cli->mask);
+    uint32_t count = kind == 0 ? 0 : kind == 1 ? RS_SPILL_MAX + 1 : 5;
+    if (kind >= 2) {                                  /* the socket's part */
+        uint8_t mark[RS_SPILL_MARK_LEN + 5] = { RS_BELL_SPILL, RS_SPILL_VERSION, 0, 0 };
+        uint32_t check = rs_footer(p.cli->salt, p.cli->tx.bytes, RS_SPILL_TAG);
+        memcpy(mark + 4, &check, 4);
+        memcpy(mark + 8, "SPILL", 5);
+        if (kind == 2) mark[0] = 0x41;                /* garbage before the mark */
+        if (kind == 3) mark[5] ^= 1;                  /* wrong check */
+        raw_write(p.fd[1], mark, kind == 4 ? sizeof mark - 2 : sizeof mark);
+        if (kind == 4) close_fd(&p, 1);               /* ends inside the spilled bytes */
+    }
+    rs_tx_put_spill(p.cli, count);
+    if (kind == 5) *(uint32_t *)(p.srv->rx.ring + off + 8) = 7;   /* the reserved word */
+    rs_tx_flush_bell(p.cli);
+    expect_str(p.srv, "before");
+    uint8_t b[64];
+    ssize_t r = rs_recv(p.srv, b, sizeof b, 0, 1000);
+    if (kind == 4 && r == 3) r = rs_recv(p.srv, b, sizeof b, 0, 1000);   /* "SPI" came intact */
+    CHECK(r == -EPROTO, "bad SPILL (case %d): rs_recv returned %zd; errmsg \"%s\"", kind, r, rs_conn_errmsg(p.srv));
+    CHECK_MSG(p.srv, kind == 2 ? "garbage" : kind == 3 ? "mark" : kind == 4 ? "ended" : "SPILL");
+    expect_recv_rc(p.srv, -EPROTO, 0, 100);                       /* sticky */
+    pair_close(&p);
+}
+
+static void t_spill_hostile(void)
+{
+    for (int kind = 0; kind < 6; kind++) spill_bad_case(kind);
 }
 
 /* ---- 10. peer gone ----------------------------------------------------------------- */
@@ -2503,6 +2648,8 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "fin", t_fin },
     { "peer_gone", t_peer_gone },
     { "stall_move", t_stall_move },
+    { "spill", t_spill },
+    { "spill_hostile", t_spill_hostile },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peek_waitall", t_peek_waitall },
