@@ -268,10 +268,6 @@ void     rs_rx_bell_every(rs_conn *c, int on);
 int      rs_tx_arm_credit(rs_conn *c);
 int      rs_tx_arm_credit_locked(rs_conn *c);
 
-/* A full ring whose consumer returned no credit for this long moves the connection to
- * TCP, which buffers far more (rs_fallback.c): two programs that both write before they
- * read then go on as they would over TCP instead of waiting for each other forever. */
-#define RS_STALL_NS 500000000ull
 /* How long a close waits for doorbell bytes still in flight to it (rs_quiesce_bells). */
 #define RS_QUIESCE_NS 20000000ull
 

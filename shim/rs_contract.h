@@ -44,7 +44,7 @@
     X(19, RDMA_FAILED, "rdma_failed", "the RDMA transport failed mid-stream: the connection went on over TCP") \
     X(20, PEER_UNVERIFIED, "peer_unverified", "a rendezvous name exists, but its owner is not the owner of the TCP endpoint") \
     X(21, RING_MEMORY_LIMIT, "ring_memory_limit", "the process's ring memory would exceed RDMASOCK_RING_MEMORY_MAX") \
-    X(22, RING_STALLED, "ring_stalled", "the peer took nothing from a full ring for 500 ms: the connection went on over TCP, which buffers more") \
+    X(22, RING_STALLED, "ring_stalled", "the peer took nothing from a full ring for 500 ms and it could not spill: the connection went on over TCP, which buffers more") \
     X(23, URGENT_DATA, "urgent_data", "the program sent urgent data (MSG_OOB), which only TCP carries: the connection went on over TCP") \
     X(24, PEER_MOVED, "peer_moved", "the peer moved its direction of the stream to TCP (its log says why): ours followed") \
     X(25, SPLICE, "splice", "the program wrote to the socket with splice(), which the kernel does on the TCP socket: the connection went on over TCP") \

@@ -2,11 +2,12 @@
  *
  * Two causes.  RDMA can fail after set-up (a work request completes in error, a READ of
  * the peer's counters goes unanswered, the peer reports its own transport failed) while
- * the TCP socket the connection was bootstrapped on is fine.  And a shm ring can stall:
- * full, its consumer taking nothing for RS_STALL_NS, typically because both programs
- * write before they read and the rings hold less than TCP would.  Either way the stream
- * moves to the socket without losing or doubling a byte, each direction on its own
- * (docs/PROTOCOL.md 6.8, 9.10).
+ * the TCP socket the connection was bootstrapped on is fine.  And a ring can stall: full,
+ * its consumer taking nothing for the transport's stall_ms (and, where SPILL was agreed,
+ * no room left for SPILL records), typically because both programs write before they read
+ * and the rings hold less than TCP would.  Either way the stream moves to the socket
+ * without losing or doubling a byte, each direction on its own (docs/PROTOCOL.md 6.8,
+ * 9.10; over rdma a stall takes the failure's path, 9.10).
  *
  * Whether records in flight can be lost is the transport's property (lossy_failure); the
  * rest of this file is the same for every transport.

@@ -74,18 +74,17 @@ uint64_t rs_tx_full_ns(rs_conn *c)
 }
 
 /* Caller holds tx_lock and found the ring full.  1 if the consumer has returned no credit
- * for RS_STALL_NS since the ring was first found full: the connection then moves to TCP
- * (rs_fallback.c), as a ring holds far less than the kernel's socket buffers.  Only
- * transports that say so (stall_moves: shm) move; an rdma consumer's credit comes by RDMA
- * READ and a slow one is not a stalled one.  Where both ends spill (rs_spill.c), the ring
- * lends the socket's buffers instead and moves only if it has no room left for a SPILL
- * record; a full socket is then TCP's own limit, and the writer waits as over TCP. */
+ * for the transport's stall_ms since the ring was first found full: the connection then
+ * moves to TCP (rs_fallback.c), as a ring holds far less than the kernel's socket buffers.
+ * Where both ends spill (rs_spill.c), the ring lends the socket's buffers instead and moves
+ * only if it has no room left for a SPILL record; a full socket is then TCP's own limit,
+ * and the writer waits as over TCP. */
 int rs_tx_stalled(rs_conn *c)
 {
-    if (!c->ops->stall_moves || c->tx.fin_sent) return 0;
+    if (!c->ops->stall_ms || c->tx.fin_sent) return 0;
     uint64_t full = rs_tx_full_ns(c);
     if (c->spill_ok && rs_tx_spill_room(c)) return 0;
-    if (full < RS_STALL_NS) return 0;
+    if (full < c->ops->stall_ms * 1000000ull) return 0;
     rs_fb_begin(c, RS_REASON_RING_STALLED);
     return 1;
 }

@@ -212,13 +212,14 @@ static void drain_bells(rs_conn *c, uint64_t todo)
 /* With every counted bell drained, anything still readable is either a bell sent after
  * the snapshot, EOF (the peer is gone), a RESYNC frame or garbage.  Peeking consumes
  * nothing, so the invariant holds; without this an idle nonblocking reader would never
- * see EOF. */
+ * see EOF.  Bells a dead peer left behind (credit doorbells for writes that finished
+ * anyway) hide its end from the peek: then the kernel is asked. */
 static void check_uncounted(rs_conn *c)
 {
     uint8_t buf[64];
     long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (rs_bell_read_result(c, n) <= 0) return;
-    leading_bells(c, buf, n);
+    if (leading_bells(c, buf, n) == n) rs_peer_gone(c);
 }
 
 /* Doorbell bytes the peer counted as sent to us, both kinds. */
@@ -356,7 +357,7 @@ static void nothing(rs_conn *c) { (void)c; }
 const struct rs_transport rs_transport_shm = {
     .name = "shm",
     .id = RS_TRANSPORT_SHM,
-    .stall_moves = 1,
+    .stall_ms = 500,
     .room_recheck_ms = 10,
     .refresh_credit = shm_refresh_credit,
     .flush = shm_flush,

@@ -32,11 +32,14 @@ struct rs_transport {
     uint8_t lossy_failure;       /* the transport can fail with records posted but not landed:
                                   * a move to TCP resends from the consumer's credit, and the
                                   * receiver leaves its ring at once, not at a MOVED record */
-    uint8_t stall_moves;         /* a full ring whose consumer returns no credit for RS_STALL_NS
-                                  * moves to TCP (which buffers far more) */
     uint8_t silent_failure;      /* it can fail while we sleep with no byte on the socket to say
                                   * so: sleeps wake in slices to look */
     uint8_t host_objects;        /* the control plane owns objects of it to release after close */
+    uint16_t stall_ms;           /* a full ring whose consumer returns no credit this long moves to
+                                  * TCP, which buffers far more (0: never): two programs that both
+                                  * write before they read go on as over TCP instead of waiting for
+                                  * each other forever (where SPILL was agreed, only once it has no
+                                  * room left for SPILL records) */
     uint16_t room_recheck_ms;    /* a wait for room in a full ring looks again at least this often
                                   * (0: a credit doorbell is enough): shm to notice a stall, rdma
                                   * to probe a link that may have died under a credit WRITE */

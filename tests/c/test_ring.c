@@ -1100,8 +1100,8 @@ static void t_stall_move(void)
     fill_pat(buf, 7, wpos, 1000);
     CHECK_EQ(rs_send(p.cli, buf, 1000, 1, 0), -EAGAIN);
     CHECK_EQ(p.cli->fb, 0);
-    sleep_ms((int)(RS_STALL_NS / 1000000u) + 100);
-    /* the consumer took nothing for longer than RS_STALL_NS: the write goes to TCP */
+    sleep_ms(p.cli->ops->stall_ms + 100);
+    /* the consumer took nothing for longer than stall_ms: the write goes to TCP */
     ssize_t r = rs_send(p.cli, buf, 1000, 1, 0);
     CHECK(r == 1000, "write after the stall returned %zd (%s)", r, r < 0 ? strerror((int)-r) : "short");
     CHECK_EQ(p.cli->fb, 1);
@@ -1345,6 +1345,29 @@ static void t_peer_gone(void)
 static void send_raw_byte(int fd, uint8_t b)
 {
     CHECK(send(fd, &b, 1, MSG_NOSIGNAL) == 1, "send: %s", strerror(errno));
+}
+
+/* The peer's process died with doorbell bytes of its own still unread on our socket
+ * (credit doorbells for writes that had already finished): a reader that never waits,
+ * under the preload library (lazy_tidy), must see the end behind them, not EAGAIN for
+ * ever (a level-triggered epoll loop would spin on the socket's hang-up). */
+static void t_peer_gone_behind_bells(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    p.srv->rx.lazy_tidy = 1;
+    send_str(p.cli, "last");
+    expect_str(p.srv, "last");
+    for (int i = 0; i < 12; i++) send_raw_byte(p.fd[1], RS_BELL_CREDIT);
+    close_fd(&p, 1);
+    ssize_t r = -EAGAIN;
+    for (int i = 0; i < 200 && r == -EAGAIN; i++) {
+        uint8_t b[16];
+        r = rs_recv(p.srv, b, sizeof b, RS_MSG_DONTWAIT, 0);
+        if (r == -EAGAIN) sleep_ms(2);
+    }
+    CHECK(r == 0, "nonblocking recv after the peer died behind doorbell bytes returned %zd", r);
+    pair_close(&p);
 }
 
 /* A garbage byte followed by real traffic: the consumer reads the garbage in place of a
@@ -2652,6 +2675,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "spill_hostile", t_spill_hostile },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
+    { "peer_gone_behind_bells", t_peer_gone_behind_bells },
     { "peek_waitall", t_peek_waitall },
     { "peek_doorbell", t_peek_doorbell },
     { "rx_available", t_rx_available },

@@ -2,7 +2,9 @@
 import hashlib
 import os
 import re
+import time
 
+import psutil
 import pytest
 
 from progutil import S
@@ -50,6 +52,14 @@ def test_redis_16mb_value(ctx, tmp_path):
     assert hashlib.sha256(got[:-1]).hexdigest() == hashlib.sha256(value).hexdigest()
     cli(ctx, srv, "DEL", key)
     ctx.check_transport(srv.port, min_conns=4)
+    # Every client has exited, most without a FIN record (redis-cli just exits).  The idle
+    # server must see those ends and not spin on them: once, doorbell bytes a client left
+    # unread hid its hang-up, and redis-server's epoll loop ran at 100% of a CPU for good.
+    proc = psutil.Process(srv.proc.pid)
+    time.sleep(0.5)
+    before = sum(proc.cpu_times()[:2])
+    time.sleep(1.0)
+    assert sum(proc.cpu_times()[:2]) - before < 0.5, "idle redis-server keeps burning CPU"
 
 
 @pytest.mark.parametrize("pipeline", [1, 16], ids=["P1", "P16"])
