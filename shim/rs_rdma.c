@@ -574,8 +574,8 @@ const struct rs_transport rs_transport_rdma = {
     .lossy_failure = 1,
     .silent_failure = 1,
     .host_objects = 1,
-    .stall_ms = 0,      /* no move on a stall: moving both directions at once while both
-                         * writers wait on full rings loses the stream (README) */
+    .stall_ms = 0,      /* no move on a stall: the TCP connection, cold after carrying only
+                         * doorbells, would hold too little to help (README) */
     .room_recheck_ms = CREDIT_PROBE_MS,
     .refresh_credit = rdma_refresh_credit,
     .flush = rdma_flush,
