@@ -1245,6 +1245,55 @@ static void t_spill(void)
     pair_close(&p);
 }
 
+/* A writer thread streams 8 MiB in writes of random size while the reader pauses for
+ * longer than the spill delay now and then: the stream alternates between ring records
+ * and spills, read through plain, peeking and non-blocking receives of random size, and
+ * arrives byte for byte, on the ring, with nothing left in it. */
+static void t_spill_concurrent(void)
+{
+    struct pair p;
+    pair_open_spill(&p, 4096);
+    struct producer a = { .c = p.srv, .stream = 13, .total = 8u << 20, .seed = 4242, .min_write = 1,
+                          .max_write = 20000 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, producer_run, &a) == 0, "pthread_create");
+    struct rng r = { 99 };
+    uint8_t *buf = malloc(30000);
+    CHECK(buf, "malloc");
+    uint64_t got = 0, cks = FNV_INIT;
+    int pauses = 0;
+    while (got < a.total) {
+        uint64_t what = rnd_range(&r, 0, 99);
+        if (what < 2) { sleep_ms(15 + (int)rnd_range(&r, 0, 10)); pauses++; continue; }
+        size_t n = (size_t)rnd_range(&r, 1, 30000);
+        if (what < 12) {
+            ssize_t k = rs_recv(p.cli, buf, n, RS_MSG_PEEK, 20000);
+            CHECK(k > 0 && (size_t)k <= n, "peek returned %zd; errmsg \"%s\"", k, rs_conn_errmsg(p.cli));
+            VERIFY_PAT(buf, a.stream, got, (size_t)k);
+            continue;
+        }
+        int flags = what < 30 ? RS_MSG_DONTWAIT : 0;
+        ssize_t k = rs_recv(p.cli, buf, n, flags, flags ? 0 : 20000);
+        if (k == -EAGAIN && flags) continue;
+        CHECK(k > 0 && (size_t)k <= n, "rs_recv(%zu) returned %zd after %llu bytes; errmsg \"%s\"", n, k,
+              (unsigned long long)got, rs_conn_errmsg(p.cli));
+        VERIFY_PAT(buf, a.stream, got, (size_t)k);
+        cks = fnv(cks, buf, (size_t)k);
+        got += (uint64_t)k;
+    }
+    expect_recv_rc(p.cli, 0, 0, 20000);
+    CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+    CHECK(cks == a.cks, "stream checksum differs");
+    printf("  spill_concurrent: %d pauses, %llu SPILL records, %llu of %llu bytes spilled\n", pauses,
+           (unsigned long long)p.srv->tx.spills, (unsigned long long)p.srv->tx.spilled, (unsigned long long)a.total);
+    CHECK(p.srv->tx.spills > 0, "the pauses caused no spill");
+    CHECK_EQ(p.cli->rx.spilled, p.srv->tx.spilled);
+    CHECK_EQ(p.srv->fb, 0);
+    CHECK_RING_ZERO(p.cli);
+    free(buf);
+    pair_close(&p);
+}
+
 /* The peer that spills is not trusted: a SPILL record with a bad count, garbage where its
  * mark should be, a mark with a wrong check, and a socket that ends inside the spilled
  * bytes are each EPROTO, after the bytes that came intact before them. */
@@ -2673,6 +2722,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "stall_move", t_stall_move },
     { "spill", t_spill },
     { "spill_hostile", t_spill_hostile },
+    { "spill_concurrent", t_spill_concurrent },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peer_gone_behind_bells", t_peer_gone_behind_bells },
