@@ -31,6 +31,8 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
         return S.PgServer(preload=preload, log_file=log_file)
     if kind == "redis":
         return S.RedisServer(preload=preload, log_file=log_file)
+    if kind == "mariadb":
+        return S.MariaDbServer(preload=preload, log_file=log_file)
     if kind == "http":
         return S.HttpServer(http_dir_fn()["dir"], preload=preload, log_file=log_file)
     if kind == "echo":
