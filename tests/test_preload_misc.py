@@ -170,6 +170,26 @@ def test_stat_shows_spilled_bytes(tmp_path):
                 _stop(p)
 
 
+def test_edge_triggered_writer_wakes_for_spill_and_for_room(tmp_path):
+    """An edge-triggered epoll writer fills the ring while its reader is quiet: EPOLLOUT
+    must come when the full ring may spill (no credit for 10 ms) and again when the reader
+    frees room, never lost; 8 MiB arrive whole and the connection stays shm."""
+    prog = os.path.join(HERE, "et_writer.py")
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + ["/usr/bin/python3", prog, "server"], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().strip().decode()
+        r = subprocess.run(RUN + ["/usr/bin/python3", prog, "client", port], capture_output=True, env=_env(log),
+                           timeout=90)
+        out = srv.communicate(timeout=60)[0]
+    finally:
+        _stop(srv)
+    assert r.stdout.split()[:2] == [b"sent", b"8388608"] and not r.stderr, (r.stdout, r.stderr)
+    assert out.split() == [b"got", b"8388608", b"OK"], out
+    text = open(log).read()
+    assert text.count("transport=shm") == 2 and "reason=" not in text, text
+
+
 def test_shared_memory_unavailable_falls_back_with_reason(cbin, tmp_path):
     """A server that cannot size a memfd (RLIMIT_FSIZE 0; SIGXFSZ ignored) declines with
     shm_unavailable: the connection works as TCP and the client logs the reason."""
