@@ -374,9 +374,16 @@ class _Server:
     def pids(self):
         return process_tree(self.proc.pid) if self.proc else []
 
+    pidfile = None           # where the server program writes its PID, if it does
+
     def main_pid(self):
-        """PID of the server program itself (the Popen may be a `rdmasock run` wrapper)."""
-        return self.proc.pid
+        """PID of the server program itself (the Popen may be a `rdmasock run` wrapper):
+        from its pid file once written, else the Popen's."""
+        try:
+            with open(self.pidfile) as f:
+                return int(f.read().strip())
+        except (TypeError, OSError, ValueError):
+            return self.proc.pid
 
     def kill(self):
         """SIGKILL the server and everything under it (the fault tests' 'peer dies')."""
@@ -508,12 +515,6 @@ class RedisServer(_Server):
                                       "--daemonize", "no", "--protected-mode", "no", "--logfile", ""], self.preload),
             lambda: "Ready to accept connections" in read_tail(self.out_path, 20000), timeout)
 
-    def main_pid(self):
-        try:
-            with open(self.pidfile) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return self.proc.pid
 
     def cli(self, *args, preload=False, timeout=60, check=True, log_file=None, **kw):
         argv = ["/usr/bin/redis-cli", "-h", "127.0.0.1", "-p", str(self.port)] + [str(a) for a in args]
@@ -559,12 +560,6 @@ class MariaDbServer(_Server):
         return self._start_on_free_port(argv, lambda: "ready for connections" in read_tail(self.out_path, 20000),
                                         timeout)
 
-    def main_pid(self):
-        try:
-            with open(self.pidfile) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return self.proc.pid
 
 
 class ProgramServer(_Server):

@@ -114,9 +114,9 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
                 /* the stream goes on on the socket for `count` bytes, then here again; a
                  * peek stops before it (ring_recv steps over it) */
                 if (peek) break;
-                uint32_t count, zero;
-                memcpy(&count, c->rx.ring + off + 4, 4);
-                memcpy(&zero, c->rx.ring + off + 8, 4);
+                uint8_t f[8];                   /* copied once, then checked */
+                memcpy(f, c->rx.ring + off + 4, sizeof f);
+                uint32_t count = (uint32_t)rs_get_le(f, 4), zero = (uint32_t)rs_get_le(f + 4, 4);
                 if (!count || count > RS_SPILL_MAX || zero) {
                     rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: SPILL of %u bytes at ring offset %u", count, off);
                     break;
@@ -449,8 +449,6 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         if (RS_GET(c->tcp_eof)) {
             /* The peer's process is gone.  Whatever it wrote before is in the ring. */
-            uint8_t none;
-            if (peek && !got) rs_rx_take(c, &none, 0, 0);    /* steps over WRAP, FIN, MOVED */
             got += rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
             if (!got && (rs_rx_on_tcp(c) || c->rx.spill_state)) continue;   /* MOVED or SPILL: the socket has more */
             rs_unlock(&c->rx.lock);

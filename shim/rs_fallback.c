@@ -45,13 +45,6 @@ enum { RX_RING, RX_BELLS, RX_FRAME, RX_REPEAT, RX_PLAIN };
 #define RESYNC_EOF 2              /* rx_resync: the socket ended before the frame */
 
 
-static void put_le(uint8_t *p, uint64_t v, int n) { for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 
 /* Any thread, any lock held: the work happens in rs_fb_kick and the data paths.  The
  * first cause is the one reported. */
@@ -81,8 +74,8 @@ static void put_frame(rs_conn *c, uint64_t resume)
     memset(f, 0, RS_RESYNC_LEN);
     f[0] = RS_BELL_RESYNC;
     f[1] = RS_RESYNC_VERSION;
-    put_le(f + 4, rs_footer(c->salt, resume, RS_RESYNC_TAG), 4);
-    put_le(f + 8, resume, 8);
+    rs_put_le(f + 4, rs_footer(c->salt, resume, RS_RESYNC_TAG), 4);
+    rs_put_le(f + 8, resume, 8);
     c->tx.move.out_len = RS_RESYNC_LEN;
     c->tx.move.out_sent = 0;
 }
@@ -295,9 +288,9 @@ static int rx_resync_locked(rs_conn *c)
         if (n < 0) return n == -EAGAIN ? 0 : (int)n;
         c->rx.move.in_got += (uint8_t)n;
         if (c->rx.move.in_got < RS_RESYNC_LEN) continue;
-        uint64_t resume = get_le(c->rx.move.in + 8, 8);
+        uint64_t resume = rs_get_le(c->rx.move.in + 8, 8);
         if (c->rx.move.in[1] != RS_RESYNC_VERSION || c->rx.move.in[2] || c->rx.move.in[3] ||
-            get_le(c->rx.move.in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
+            rs_get_le(c->rx.move.in + 4, 4) != rs_footer(c->salt, resume, RS_RESYNC_TAG)) {
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt RESYNC frame from the peer (version %u, offset %llu)",
                               c->rx.move.in[1], (unsigned long long)resume);
             return -EPROTO;

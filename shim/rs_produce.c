@@ -104,7 +104,8 @@ void rs_tx_put_spill(rs_conn *c, uint32_t count)
         put_record(c, RS_LEN_WRAP, NULL, 0);
         c->tx.pos += to_end - 8;
     }
-    uint8_t le[4] = { (uint8_t)count, (uint8_t)(count >> 8), (uint8_t)(count >> 16), (uint8_t)(count >> 24) };
+    uint8_t le[4];
+    rs_put_le(le, count, 4);
     put_record(c, RS_LEN_SPILL, le, 4);
 }
 

@@ -31,9 +31,6 @@ enum { SPILL_NONE, SPILL_SEEK, SPILL_MARK, SPILL_DATA };
 #define RS_SPILL_AFTER_NS 10000000ull     /* a full ring untouched this long spills */
 #define RS_MARK_FINISH_MS 5000            /* bound on finishing a mark the socket cut short */
 
-static void put_le32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get_le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-
 /* ---- producer ------------------------------------------------------------------------- */
 
 /* Caller holds tx_lock and found the ring too full for its next record: 1 if a SPILL may
@@ -69,7 +66,7 @@ static int finish_mark(rs_conn *c, const uint8_t *p, size_t n)
 size_t rs_spill_send(rs_conn *c, const void *src, size_t len)
 {
     uint8_t mark[RS_SPILL_MARK_LEN] = { RS_BELL_SPILL, RS_SPILL_VERSION, 0, 0 };
-    put_le32(mark + 4, rs_footer(c->salt, c->tx.bytes, RS_SPILL_TAG));
+    rs_put_le(mark + 4, rs_footer(c->salt, c->tx.bytes, RS_SPILL_TAG), 4);
     if (len > RS_SPILL_MAX) len = RS_SPILL_MAX;
     struct iovec iov[2] = { { mark, sizeof mark }, { (void *)src, len } };
     struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
@@ -155,7 +152,7 @@ static int reach_data(rs_conn *c)
         c->rx.spill_got += (uint8_t)n;
         if (c->rx.spill_got < RS_SPILL_MARK_LEN) continue;
         const uint8_t *m = c->rx.spill_mark;
-        if (m[1] != RS_SPILL_VERSION || m[2] || m[3] || get_le32(m + 4) != rs_footer(c->salt, c->rx.bytes, RS_SPILL_TAG)) {
+        if (m[1] != RS_SPILL_VERSION || m[2] || m[3] || rs_get_le(m + 4, 4) != rs_footer(c->salt, c->rx.bytes, RS_SPILL_TAG)) {
             rs_conn_set_error(c, EPROTO, "rdmasock: corrupt SPILL mark from the peer (version %u, at byte %llu)",
                               m[1], (unsigned long long)c->rx.bytes);
             return -EPROTO;

@@ -64,6 +64,19 @@ static inline uint32_t rs_rec_size(uint32_t lenword)
  * waste always fits in the space a lazily-published credit guarantees. */
 static inline uint32_t rs_max_payload(uint32_t ring_size) { return ring_size / 4u - 8u; }
 
+/* Little-endian integers of n bytes in frames on the socket (RESYNC, SPILL mark) and in
+ * record fields, whatever the host's order. */
+static inline void rs_put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint64_t rs_get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
 /* The validity footer.  Never 0 (0 is "not written yet"). */
 static inline uint32_t rs_footer(uint64_t salt, uint64_t seq, uint32_t lenword)
 {
