@@ -80,6 +80,7 @@ void rs_conn_free(rs_conn *c)
 {
     if (!c) return;
     c->ops->free(c);
+    rs_hold_free(c);
     if (c->map_base) {
         munmap(c->map_base, c->map_len);
         rs_ring_memory_release(c->map_len);

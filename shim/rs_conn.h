@@ -74,7 +74,7 @@ struct rs_rx {
     struct rs_dir_ctl *ctl;
     uint64_t pos;             /* absolute ring position of the current record */
     uint64_t seq;
-    uint64_t bytes;           /* payload bytes handed to the application */
+    uint64_t bytes;           /* payload bytes taken from the ring: handed to the application or held */
     uint64_t head_pub;        /* credit last published (ctl->head) */
     uint32_t cur_len;         /* payload length of the current, validated record (0: none) */
     uint32_t cur_off;         /* bytes of it already consumed */
@@ -101,6 +101,10 @@ struct rs_rx {
     uint8_t  spill_got;       /* bytes of the SPILL mark read so far */
     uint8_t  spill_mark[RS_SPILL_MARK_LEN];
     uint64_t spilled;         /* stream bytes received over the socket by SPILL */
+    uint8_t *hold;            /* bytes taken from the ring by a waiting writer (rs_hold.c) */
+    size_t   hold_off, hold_cap;
+    uint64_t hold_len;        /* held bytes not yet read (read unlocked: atomic) */
+    uint64_t held;            /* stream bytes that went through the hold (relaxed) */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -210,6 +214,7 @@ int      rs_rx_reach_tcp(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
 int      rs_rx_ready_locked(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
+size_t   rs_rx_take_ring(rs_conn *c, uint8_t *dst, size_t len);
 /* Returns consumed ring bytes to the producer (caller holds rx_lock): every quarter ring,
  * when the producer waits for them, or (force) whenever any are unpublished. */
 static inline void rs_rx_publish_credit(rs_conn *c, int force) { c->ops->publish_credit(c, force); }
@@ -287,7 +292,15 @@ ssize_t  rs_spill_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout
 int      rs_spill_rx_ready(rs_conn *c);
 long     rs_spill_available(rs_conn *c);
 
+/* rs_hold.c */
+int      rs_hold_due(rs_conn *c);
+int      rs_hold_recheck_ms(rs_conn *c);
+void     rs_hold_fill(rs_conn *c);
+size_t   rs_hold_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
+void     rs_hold_free(rs_conn *c);
+
 /* rs_fallback.c */
+void     rs_fb_update_done(rs_conn *c);
 void     rs_fb_begin(rs_conn *c, int reason);
 void     rs_fb_kick(rs_conn *c);
 void     rs_fb_rx_moved(rs_conn *c);

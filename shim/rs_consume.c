@@ -84,10 +84,24 @@ static int check_record(rs_conn *c, const struct cursor *cur, uint32_t *lw_out)
     return 1;
 }
 
+static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek);
+
+/* Copies up to len payload bytes out of the hold (rs_hold.c), then the ring (caller holds
+ * rx_lock).  With peek, nothing is consumed, and a peek at held bytes shows only those. */
+size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
+{
+    if (!c->rx.hold_len) return take_ring(c, dst, len, peek);
+    size_t n = rs_hold_take(c, dst, len, peek);
+    return n == len || peek ? n : n + take_ring(c, dst + n, len - n, 0);
+}
+
+/* The ring alone, for the hold (caller holds rx_lock). */
+size_t rs_rx_take_ring(rs_conn *c, uint8_t *dst, size_t len) { return take_ring(c, dst, len, 0); }
+
 /* Copies up to len payload bytes out of the ring (caller holds rx_lock).  With peek,
  * nothing is consumed.  One call walks at most one lap of the ring, whatever the peer
  * keeps writing behind the cursor. */
-size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
+static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek)
 {
     if (c->rx.move.state) return 0;                     /* the ring is done (rs_fallback.c) */
     if (c->rx.spill_state) return 0;                    /* the socket has the next bytes (rs_spill.c) */
@@ -169,6 +183,7 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 int rs_rx_ready_locked(rs_conn *c)
 {
     if (c->rx.pre.active || !c->rx.ring) return 0;        /* the kernel socket tells */
+    if (c->rx.hold_len) return 1;
     if (c->rx.move.state) return rs_fb_rx_ready(c);
     if (c->rx.cur_len || c->rx.fin_seen || RS_GET(c->err) || c->rx.shut_rd) return 1;
     uint8_t dummy;
@@ -212,6 +227,7 @@ static int rx_activity(rs_conn *c)
     uint64_t pos = __atomic_load_n(&c->rx.pos, __ATOMIC_RELAXED);
     return __atomic_load_n((uint32_t *)(c->rx.ring + (pos & c->mask)), __ATOMIC_RELAXED) != 0 ||
            rs_rx_on_tcp(c) || rs_spill_rx_active(c) || __atomic_load_n(&c->tcp_eof, __ATOMIC_RELAXED) ||
+           __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ||
            __atomic_load_n(&c->rx.shut_rd, __ATOMIC_RELAXED);
 }
 
@@ -265,6 +281,7 @@ ssize_t rs_rx_available(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
     ssize_t r = c->rx.pre.active ? pre_available(c) : !c->rx.ring ? 0 : c->rx.move.state ? rs_fb_rx_available(c) : ring_available(c);
+    r += (ssize_t)c->rx.hold_len;
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -343,7 +360,7 @@ int rs_rx_reach_tcp(rs_conn *c)
         rs_unlock(&c->rx.lock);
     }
     if (rs_rx_on_tcp(c) && !rs_fb_rx_plain(c)) rs_fb_recv(c, &none, 1, RS_MSG_PEEK | RS_MSG_DONTWAIT, 0);
-    return rs_fb_rx_plain(c);
+    return rs_fb_rx_plain(c) && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST);
 }
 
 static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);

@@ -56,9 +56,14 @@ void rs_fb_begin(rs_conn *c, int reason)
         __atomic_store_n(&c->fb, 1, __ATOMIC_SEQ_CST);
 }
 
-static void update_done(rs_conn *c)
+/* Both directions plain TCP and nothing held (rs_hold.c): the kernel socket tells
+ * readiness from now on.  Each side calls it after its own change. */
+void rs_fb_update_done(rs_conn *c)
 {
-    if (c->tx.move.state == TX_PLAIN && c->rx.move.state == RX_PLAIN) __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->tx.move.state, __ATOMIC_SEQ_CST) == TX_PLAIN &&
+        __atomic_load_n(&c->rx.move.state, __ATOMIC_SEQ_CST) == RX_PLAIN && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST))
+        __atomic_store_n(&c->fb_done, 1, __ATOMIC_RELEASE);
 }
 
 static int wait_sock(rs_conn *c, short events, uint64_t deadline)
@@ -91,7 +96,7 @@ static void tx_start_at_moved(rs_conn *c)
     }
     c->tx.move.resend_pos = c->tx.move.resend_end = 0;
     c->tx.move.state = c->tx.fin_sent ? TX_PLAIN : TX_RESEND;
-    update_done(c);
+    rs_fb_update_done(c);
 }
 
 /* Caller holds tx_lock.  Freezes the ring direction and prepares frame and resend: over
@@ -154,7 +159,7 @@ static int tx_pump(rs_conn *c)
         shut_wr(c);                                /* the FIN record's meaning, in TCP terms */
     }
     c->tx.move.state = TX_PLAIN;
-    update_done(c);
+    rs_fb_update_done(c);
     return 1;
 }
 
@@ -315,7 +320,7 @@ static int rx_resync_locked(rs_conn *c)
     }
     if (c->rx.move.state == RX_REPEAT) {
         c->rx.move.state = RX_PLAIN;
-        update_done(c);
+        rs_fb_update_done(c);
     }
     return 1;
 }

@@ -179,10 +179,12 @@ static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progres
         if (tx_room(c) >= need) return 0;
         if (rs_tx_stalled(c)) return -EAGAIN;          /* rs_send goes on by TCP */
         if (rs_spill_due(c)) return RS_CREDIT_SPILL;
+        int hold = rs_hold_due(c);      /* the peer may be waiting for room in ours */
         /* Sleep without touching the receive side (another thread may be in recv) or
          * the socket's data (its readiness belongs to the receiver): short, growing naps,
          * without the lock (another sender, poll or close may go on meanwhile). */
         rs_unlock(&c->tx.lock);
+        if (hold) rs_hold_fill(c);
         int w = deadline == RS_NEVER && !progress ? rs_sigwait_nap(sw, (uint64_t)backoff_us * 1000u, RS_SIG_RESTART)
                                                   : rs_nap((uint64_t)backoff_us * 1000u, deadline, progress);
         rs_lock(&c->tx.lock);
@@ -340,15 +342,16 @@ int rs_tx_writable_locked(rs_conn *c)
     return tx_room(c) >= 2u * RS_KEEP_WHOLE + 16;
 }
 
-/* Writability for a readiness check (poll, epoll): a full ring that stalled spills, or
- * moves to TCP, here, as a wait for room is where a program that writes before it reads
- * waits. */
+/* Writability for a readiness check (poll, epoll): a full ring that stalled spills, holds
+ * what our own ring has (rs_hold.c) or moves to TCP, here, as a wait for room is where a
+ * program that writes before it reads waits. */
 int rs_tx_writable(rs_conn *c)
 {
     rs_lock(&c->tx.lock);
-    int r = rs_tx_writable_locked(c);
+    int r = rs_tx_writable_locked(c), hold = !r && rs_hold_due(c);
     if (!r && rs_spill_due(c)) r = 1;
     if (!r && rs_tx_stalled(c)) r = rs_fb_tx_writable(c);
     rs_unlock(&c->tx.lock);
+    if (hold) rs_hold_fill(c);
     return r;
 }

@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 TIMEOUT = 120
 CHUNK = int(os.environ.get("BULK_ECHO_CHUNK", 256 * 1024))
@@ -117,6 +118,7 @@ def client(mode, port, size, duplex):
     data = pattern(size)
     s = make_socket(mode)
     s.settimeout(TIMEOUT)
+    t0 = time.monotonic()
     s.connect(("127.0.0.1", port))
     out = {"size": size, "mode": mode, "duplex": duplex}
     got = bytearray()
@@ -137,6 +139,7 @@ def client(mode, port, size, duplex):
     except OSError as e:
         out["ok"] = False
         out["error"] = "%s: %s" % (type(e).__name__, e)
+    out["seconds"] = round(time.monotonic() - t0, 3)
     out["transport"] = getattr(s, "transport", None)
     out["fallback_reason"] = getattr(s, "fallback_reason", None)
     s.close()

@@ -86,12 +86,13 @@ int rs_ring_arm(rs_conn *c, short events)
  * credit doorbell can be read off the socket by another thread of the program going idle
  * on the same socket (a reader and a writer thread), only a look moves a stalled shm ring
  * to TCP (rs_fallback.c), and only a look probes an rdma link whose credit WRITE may never
- * arrive.  Room that came since the arming: no sleep at all. */
+ * arrive, and only a look fills the hold of a program that writes before it reads
+ * (rs_hold.c).  Room that came since the arming: no sleep at all. */
 int rs_ring_sleep_cap_ms(rs_conn *c, short events)
 {
     if (!(events & (POLLOUT | POLLWRNORM))) return -1;
     if (rs_tx_writable(c)) return 0;
-    return c->ops->room_recheck_ms ? c->ops->room_recheck_ms : -1;
+    return rs_min_ms(c->ops->room_recheck_ms ? c->ops->room_recheck_ms : -1, rs_hold_recheck_ms(c));
 }
 
 /* The shorter of two kernel sleep limits (-1: none). */

@@ -1294,6 +1294,108 @@ static void t_spill_concurrent(void)
     pair_close(&p);
 }
 
+/* ---- the hold (shim/rs_hold.c) ------------------------------------------------------ */
+
+/* shm with rdma's properties where the hold matters: no SPILL, no move on a stall. */
+static struct rs_transport shm_no_stall;
+
+static void pair_open_hold(struct pair *p, uint32_t ring)
+{
+    pair_open(p, ring, 0);
+    shm_no_stall = rs_transport_shm;
+    shm_no_stall.stall_ms = 0;
+    p->srv->ops = p->cli->ops = &shm_no_stall;
+}
+
+/* Both ends write 2 MiB through 4 KiB rings before they read, as an echo client and a
+ * server that answer before reading the rest do: each writer, waiting for room, holds
+ * what its own ring has, so both finish; then each reads the other's bytes, whole, from
+ * the hold and the ring, and the FIN after them. */
+struct hold_side { struct producer w; rs_conn *rx; uint32_t in_stream; uint64_t in_total, in_cks; };
+
+static void *hold_side_run(void *arg)
+{
+    struct hold_side *h = arg;
+    producer_run(&h->w);
+    uint8_t *buf = malloc(65536);
+    CHECK(buf, "malloc");
+    uint64_t got = 0;
+    h->in_cks = FNV_INIT;
+    while (got < h->in_total) {
+        size_t n = h->in_total - got < 65536 ? (size_t)(h->in_total - got) : 65536;
+        ssize_t k = rs_recv(h->rx, buf, n, RS_MSG_WAITALL, 20000);
+        CHECK(k == (ssize_t)n, "rs_recv(%zu) after %llu bytes returned %zd; errmsg \"%s\"", n, (unsigned long long)got, k,
+              rs_conn_errmsg(h->rx));
+        VERIFY_PAT(buf, h->in_stream, got, n);
+        h->in_cks = fnv(h->in_cks, buf, n);
+        got += n;
+    }
+    expect_recv_rc(h->rx, 0, 0, 20000);
+    free(buf);
+    return NULL;
+}
+
+static void t_hold(void)
+{
+    struct pair p;
+    pair_open_hold(&p, 4096);
+    uint64_t total = 2u << 20;
+    struct hold_side a = { .w = { .c = p.cli, .stream = 21, .total = total, .seed = 7, .min_write = 1, .max_write = 9000 },
+                           .rx = p.cli, .in_stream = 22, .in_total = total };
+    struct hold_side b = { .w = { .c = p.srv, .stream = 22, .total = total, .seed = 8, .min_write = 1, .max_write = 9000 },
+                           .rx = p.srv, .in_stream = 21, .in_total = total };
+    pthread_t ta, tb;
+    CHECK(pthread_create(&ta, NULL, hold_side_run, &a) == 0, "pthread_create");
+    CHECK(pthread_create(&tb, NULL, hold_side_run, &b) == 0, "pthread_create");
+    CHECK(pthread_join(ta, NULL) == 0 && pthread_join(tb, NULL) == 0, "pthread_join");
+    CHECK(a.in_cks == b.w.cks && b.in_cks == a.w.cks, "stream checksums differ");
+    printf("  hold: %llu and %llu of %llu bytes went through the holds\n", (unsigned long long)p.cli->rx.held,
+           (unsigned long long)p.srv->rx.held, (unsigned long long)total);
+    /* whichever side finished writing first read the rest as it came: at least one of the
+     * two streams went through a hold, all but what a ring took */
+    CHECK(p.cli->rx.held + p.srv->rx.held >= total - 8192, "too little held");
+    CHECK(p.cli->rx.hold == NULL && p.srv->rx.hold == NULL, "an empty hold keeps its buffer");
+    CHECK_EQ(p.cli->fb, 0);
+    CHECK_EQ(p.srv->fb, 0);
+    CHECK_RING_ZERO(p.cli);
+    CHECK_RING_ZERO(p.srv);
+    pair_close(&p);
+}
+
+/* Held bytes come before a move: the peer's MOVED record and what it then sends over TCP
+ * are read after them, and the socket is not plain TCP (for the preload's hooks) while
+ * any are left. */
+static void t_hold_then_move(void)
+{
+    struct pair p;
+    pair_open_hold(&p, 4096);
+    uint64_t wpos = 0, spos = 0, rpos = 0;
+    fill_ring(p.cli, 1000, 23, &wpos);               /* the client's ring to the server: full */
+    fill_ring(p.srv, 700, 24, &spos);                /* the server's to the client: full too */
+    uint8_t buf[1000];
+    fill_pat(buf, 23, wpos, sizeof buf);
+    CHECK_EQ(rs_send(p.cli, buf, sizeof buf, 0, 100), -EAGAIN);     /* waits, holds, times out */
+    CHECK_EQ(p.cli->rx.hold_len, spos);
+    CHECK_EQ(rs_rx_available(p.cli), (ssize_t)spos);
+    uint8_t pk[100];
+    CHECK_EQ(rs_recv(p.cli, pk, sizeof pk, RS_MSG_PEEK, 1000), (ssize_t)sizeof pk);
+    VERIFY_PAT(pk, 24, 0, sizeof pk);
+    CHECK_EQ(rs_rx_ready(p.cli), 1);
+    fill_pat(buf, 24, spos, 500);
+    send_all_nb(p.srv, buf, 500);                    /* room again: after the held bytes */
+    spos += 500;
+    CHECK_EQ(rs_fb_move_tx(p.srv, RS_REASON_URGENT_DATA, 1000), 0);
+    fill_pat(buf, 24, spos, 300);
+    CHECK_EQ(rs_send(p.srv, buf, 300, 0, 1000), 300);   /* over TCP now */
+    spos += 300;
+    CHECK_EQ(rs_rx_reach_tcp(p.cli), 0);
+    expect_pat(p.cli, 24, &rpos, (size_t)spos);
+    CHECK_EQ(p.cli->rx.hold_len, 0);
+    CHECK_EQ(p.cli->fb, 1);
+    expect_pat(p.srv, 23, &(uint64_t){ 0 }, (size_t)wpos);
+    pair_close(&p);
+}
+
 /* The peer that spills is not trusted: a SPILL record with a bad count, garbage where its
  * mark should be, a mark with a wrong check, and a socket that ends inside the spilled
  * bytes are each EPROTO, after the bytes that came intact before them. */
@@ -2723,6 +2825,8 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "spill", t_spill },
     { "spill_hostile", t_spill_hostile },
     { "spill_concurrent", t_spill_concurrent },
+    { "hold", t_hold },
+    { "hold_then_move", t_hold_then_move },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peer_gone_behind_bells", t_peer_gone_behind_bells },

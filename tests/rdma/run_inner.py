@@ -16,6 +16,7 @@ Cases (`--only a,b`):
   prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
   prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
   sock_*         rdmasock sockets over rdma: faults, link down, credit probe, dead peer (sockets.py)
+  write_first    echo client and server that both write 1 or 4 MiB before reading, over rdma (bulk_echo.py)
 """
 import argparse
 import json
@@ -28,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
          "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
-         "sock_device_delete", "api_sigio"]
+         "sock_device_delete", "api_sigio", "write_first"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
 VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_credit_probe": _TWO, "sock_dead_peer": _TWO,
            "sock_device_delete": "deletes an rdma link: only inside the throw-away VM",
@@ -144,6 +145,53 @@ def do_api_stream():
                    "RDMASOCK_TEST_EXAMPLES": "10", "RDMASOCK_TEST_MAX_WRITE": str(256 * 1024)})
     return run([[PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
                  os.path.join(os.path.dirname(HERE), "test_stream_property.py")]], 400, env)
+
+
+def do_write_first():
+    """Write-before-read echo over rdma (tests/bulk_echo.py): the client writes 1 or 4 MiB
+    before it reads and the echo server answers as it reads, so both end up writing more
+    than a ring holds with neither reading.  Each writer, waiting for room, takes what its
+    own receive ring has into memory (shim/rs_hold.c), as a TCP socket's kernel would; the
+    connection stays rdma.  API and preloaded ends."""
+    prog = os.path.join(os.path.dirname(HERE), "bulk_echo.py")
+    outs, ok = [], True
+
+    def argv(mode, *args):
+        if mode == "plain":
+            return ["/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
+        if mode == "preload":
+            return [PY, "-m", "rdmasock", "run", "--", "/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
+        return [PY, prog, args[0], "api"] + list(args[1:])
+
+    for smode, cmode in (("plain", "plain"), ("api", "api"), ("preload", "preload"), ("api", "preload")):
+        for size in (1 << 20, 4 << 20):
+            log_file = "/tmp/write_first_%s_%s_%d.log" % (smode, cmode, size)
+            if os.path.exists(log_file):
+                os.unlink(log_file)
+            env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file})
+            srv = subprocess.Popen(argv(smode, "server"), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env)
+            try:
+                line = srv.stdout.readline().split()
+                if not line or line[0] != "port":
+                    ok = False
+                    outs.append("%s/%s: server did not start: %r" % (smode, cmode, line))
+                    continue
+                t0 = time.monotonic()
+                r = subprocess.run(argv(cmode, "client", line[1], str(size)), cwd=HERE, capture_output=True,
+                                   text=True, env=env, timeout=150)
+                took = time.monotonic() - t0
+            finally:
+                srv.kill()
+                srv.wait(10)
+            log_text = open(log_file).read() if os.path.exists(log_file) else ""
+            good = r.returncode == 0 and '"ok": true' in r.stdout and not r.stderr and \
+                (smode == "plain" or ("transport=rdma" in log_text and "transport=tcp" not in log_text))
+            ok = ok and good
+            outs.append("%s server, %s client, %d MiB: %s in %.2f s %s%s\n%s" % (
+                smode, cmode, size >> 20, "ok" if good else "FAILED", took, r.stdout.strip(), r.stderr.strip(),
+                log_text.strip()))
+    return ok, "\n".join(outs)
 
 
 def do_api_sigio():

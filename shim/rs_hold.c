@@ -1,0 +1,148 @@
+/* rs_hold.c - a writer that waits for room empties its own full receive ring into private
+ * memory (the hold), as the kernel queues a TCP socket's incoming bytes while its program
+ * writes.
+ *
+ * Two programs that both write more than a ring holds before they read (an echo client
+ * with a large request, a pipelining client, an upload to a server that answers early)
+ * would otherwise wait for each other forever: each blocked in send on a full ring,
+ * neither reading the other's.  Over TCP they do not, because each kernel keeps taking
+ * the peer's bytes.  Where the producer can lend the socket's buffers (SPILL, rs_spill.c)
+ * or the transport moves a stalled ring to TCP (stall_ms), that is the remedy.  Where
+ * neither is available (rdma: records in flight may be lost and resent, so none may
+ * travel beside the ring), the waiting writer itself takes what its receive ring holds
+ * into the hold and returns that credit, once it has waited RS_HOLD_AFTER_NS, up to what
+ * TCP would queue for the direction (the tcp_wmem and tcp_rmem maxima).  Nothing changes
+ * on the wire: to the peer this is a consumer that read.  Reads take the hold first; the
+ * buffer is freed as soon as it is empty.
+ *
+ * The hold belongs to the receive side (rx.lock).  The writer decides under tx.lock that
+ * it is due and fills it after letting tx.lock go (the lock order is rx.lock first).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "rs_conn.h"
+
+#define RS_HOLD_AFTER_NS 10000000ull      /* a full ring this long before the writer holds */
+#define RS_HOLD_MIN      (64u << 10)      /* first allocation */
+#define RS_HOLD_DEFAULT  (10ull << 20)    /* limit if the kernel's maxima cannot be read */
+
+/* The third field of a net.ipv4.tcp_[rw]mem file, or 0. */
+static uint64_t tcp_mem_max(const char *path)
+{
+    char buf[128];
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = buf;
+    unsigned long long v[3] = { 0, 0, 0 };
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        v[i] = strtoull(p, &end, 10);
+        if (end == p) return 0;
+        p = end;
+    }
+    return v[2];
+}
+
+/* What TCP queues for one direction at most: the sender's buffer and the receiver's. */
+static uint64_t hold_limit(void)
+{
+    static uint64_t limit;
+    uint64_t l = __atomic_load_n(&limit, __ATOMIC_RELAXED);
+    if (l) return l;
+    l = tcp_mem_max("/proc/sys/net/ipv4/tcp_wmem") + tcp_mem_max("/proc/sys/net/ipv4/tcp_rmem");
+    if (!l) l = RS_HOLD_DEFAULT;
+    if (l > (1ull << 31)) l = 1ull << 31;
+    __atomic_store_n(&limit, l, __ATOMIC_RELAXED);
+    return l;
+}
+
+/* Room for `want` more bytes after the held ones (caller holds rx.lock): what fits. */
+static size_t make_room(rs_conn *c, size_t want)
+{
+    struct rs_rx *x = &c->rx;
+    if (x->hold_off && x->hold_off + x->hold_len + want > x->hold_cap) {
+        memmove(x->hold, x->hold + x->hold_off, x->hold_len);
+        x->hold_off = 0;
+    }
+    size_t need = x->hold_len + want;
+    if (need > x->hold_cap) {
+        size_t cap = x->hold_cap ? x->hold_cap : RS_HOLD_MIN;
+        while (cap < need) cap *= 2;
+        uint8_t *p = realloc(x->hold, cap);
+        if (p) { x->hold = p; x->hold_cap = cap; }
+    }
+    size_t room = x->hold_cap - x->hold_off - x->hold_len;
+    return room < want ? room : want;
+}
+
+/* Caller holds tx.lock and found the ring full: 1 if it should hold (rs_hold_fill, once
+ * it has let tx.lock go). */
+int rs_hold_due(rs_conn *c)
+{
+    if (rs_hold_recheck_ms(c) < 0) return 0;            /* the peer has its own remedy */
+    uint64_t full = rs_tx_full_ns(c);
+    return full >= RS_HOLD_AFTER_NS || (full && __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED));   /* holding already */
+}
+
+/* How often a readiness wait for room (poll, epoll) should look again so that the hold
+ * is filled (-1: never for its sake): the program may be writing before it reads, and
+ * the peer's bytes in our ring wake nothing that waits only for POLLOUT. */
+int rs_hold_recheck_ms(rs_conn *c)
+{
+    if (c->spill_ok || c->ops->stall_ms || !c->rx.ring) return -1;
+    return __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ? 1 : (int)(RS_HOLD_AFTER_NS / 1000000u);
+}
+
+/* Takes what the receive ring has into the hold and returns the credit (caller holds
+ * neither lock: returning credit may ring the peer's doorbell, under tx.lock). */
+void rs_hold_fill(rs_conn *c)
+{
+    struct rs_rx *x = &c->rx;
+    rs_lock(&x->lock);
+    uint64_t limit = hold_limit();
+    if (!x->pre.active && !x->move.state && !x->spill_state && !x->fin_seen && !x->shut_rd &&
+        !RS_GET(c->err) && x->hold_len < limit) {
+        size_t want = limit - x->hold_len < c->ring_size ? (size_t)(limit - x->hold_len) : c->ring_size;
+        want = make_room(c, want);
+        size_t n = want ? rs_rx_take_ring(c, x->hold + x->hold_off + x->hold_len, want) : 0;
+        if (n) {
+            __atomic_store_n(&x->hold_len, x->hold_len + n, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&x->held, x->held + n, __ATOMIC_RELAXED);
+            rs_rx_publish_credit(c, 1);
+        }
+        if (!x->hold_len) rs_hold_free(c);
+    }
+    rs_unlock(&x->lock);
+}
+
+/* Copies up to len held bytes (caller holds rx.lock); with peek they stay. */
+size_t rs_hold_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
+{
+    struct rs_rx *x = &c->rx;
+    size_t n = len < x->hold_len ? len : x->hold_len;
+    memcpy(dst, x->hold + x->hold_off, n);
+    if (peek || !n) return n;
+    x->hold_off += n;
+    __atomic_store_n(&x->hold_len, x->hold_len - n, __ATOMIC_SEQ_CST);
+    if (!x->hold_len) {
+        rs_hold_free(c);
+        rs_fb_update_done(c);           /* a direction that moved may be plain TCP now */
+    }
+    return n;
+}
+
+void rs_hold_free(rs_conn *c)
+{
+    free(c->rx.hold);
+    c->rx.hold = NULL;
+    c->rx.hold_cap = c->rx.hold_off = 0;
+    __atomic_store_n(&c->rx.hold_len, 0, __ATOMIC_SEQ_CST);
+}
