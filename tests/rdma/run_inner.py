@@ -16,7 +16,7 @@ Cases (`--only a,b`):
   prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
   prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
   sock_*         rdmasock sockets over rdma: faults, link down, credit probe, dead peer (sockets.py)
-  write_first    echo client and server that both write 1 or 4 MiB before reading, over rdma (bulk_echo.py)
+  write_first    write-before-read echo (1, 4 MiB), through a proxy, 64 MiB duplex, over rdma (bulk_echo.py)
 """
 import argparse
 import json
@@ -148,11 +148,13 @@ def do_api_stream():
 
 
 def do_write_first():
-    """Write-before-read echo over rdma (tests/bulk_echo.py): the client writes 1 or 4 MiB
-    before it reads and the echo server answers as it reads, so both end up writing more
-    than a ring holds with neither reading.  Each writer, waiting for room, takes what its
-    own receive ring has into memory (shim/rs_hold.c), as a TCP socket's kernel would; the
-    connection stays rdma.  API and preloaded ends."""
+    """Write-before-read traffic over rdma (tests/bulk_echo.py), the shapes of
+    tests/test_bulk_flow.py: a client writes 1 or 4 MiB before it reads to an echo server
+    that answers as it reads, so both end up writing more than a ring holds with neither
+    reading; the same through a proxy relaying both ways at once; 64 MiB written while a
+    second thread reads.  Each writer, waiting for room, takes what its own receive ring
+    has into memory (shim/rs_hold.c), as a TCP socket's kernel would; every connection
+    stays rdma.  Plain TCP runs first, for comparison."""
     prog = os.path.join(os.path.dirname(HERE), "bulk_echo.py")
     outs, ok = [], True
 
@@ -163,34 +165,51 @@ def do_write_first():
             return [PY, "-m", "rdmasock", "run", "--", "/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
         return [PY, prog, args[0], "api"] + list(args[1:])
 
-    for smode, cmode in (("plain", "plain"), ("api", "api"), ("preload", "preload"), ("api", "preload")):
-        for size in (1 << 20, 4 << 20):
-            log_file = "/tmp/write_first_%s_%s_%d.log" % (smode, cmode, size)
-            if os.path.exists(log_file):
-                os.unlink(log_file)
-            env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file})
-            srv = subprocess.Popen(argv(smode, "server"), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=env)
-            try:
-                line = srv.stdout.readline().split()
-                if not line or line[0] != "port":
-                    ok = False
-                    outs.append("%s/%s: server did not start: %r" % (smode, cmode, line))
-                    continue
-                t0 = time.monotonic()
-                r = subprocess.run(argv(cmode, "client", line[1], str(size)), cwd=HERE, capture_output=True,
-                                   text=True, env=env, timeout=150)
-                took = time.monotonic() - t0
-            finally:
-                srv.kill()
-                srv.wait(10)
-            log_text = open(log_file).read() if os.path.exists(log_file) else ""
-            good = r.returncode == 0 and '"ok": true' in r.stdout and not r.stderr and \
-                (smode == "plain" or ("transport=rdma" in log_text and "transport=tcp" not in log_text))
-            ok = ok and good
-            outs.append("%s server, %s client, %d MiB: %s in %.2f s %s%s\n%s" % (
-                smode, cmode, size >> 20, "ok" if good else "FAILED", took, r.stdout.strip(), r.stderr.strip(),
-                log_text.strip()))
+    def start(mode, env, *args):
+        p = subprocess.Popen(argv(mode, *args), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+        line = p.stdout.readline().split()
+        if not line or line[0] != "port":
+            p.kill()
+            p.wait(10)
+            raise RuntimeError("%s did not start: %r" % (args[0], line))
+        return p, line[1]
+
+    MiB = 1 << 20
+    runs = [("plain", "plain", 1 * MiB, ""), ("plain", "plain", 4 * MiB, "")]
+    runs += [(s_, c_, size, "") for s_, c_ in (("api", "api"), ("preload", "preload"), ("api", "preload"))
+             for size in (1 * MiB, 4 * MiB)]
+    runs += [("api", "api", 4 * MiB, "proxy"), ("preload", "preload", 4 * MiB, "proxy"),
+             ("preload", "preload", 64 * MiB, "duplex")]
+    for smode, cmode, size, shape in runs:
+        name = "%s server, %s client, %d MiB%s" % (smode, cmode, size // MiB, " " + shape if shape else "")
+        log_file = "/tmp/write_first.log"
+        if os.path.exists(log_file):
+            os.unlink(log_file)
+        env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file})
+        procs = []
+        try:
+            srv, port = start(smode, env, "server")
+            procs.append(srv)
+            if shape == "proxy":
+                prx, port = start(smode, env, "proxy", port)
+                procs.append(prx)
+            t0 = time.monotonic()
+            r = subprocess.run(argv(cmode, "client", port, str(size)) + (["duplex"] if shape == "duplex" else []),
+                               cwd=HERE, capture_output=True, text=True, env=env, timeout=300)
+            took, detail = time.monotonic() - t0, r.stdout.strip() + r.stderr.strip()
+            good = r.returncode == 0 and '"ok": true' in r.stdout and not r.stderr
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            took, detail, good = 0.0, str(exc), False
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(10)
+        log_text = open(log_file).read() if os.path.exists(log_file) else ""
+        if smode != "plain":
+            good = good and "transport=rdma" in log_text and "transport=tcp" not in log_text
+        ok = ok and good
+        outs.append("%s: %s in %.2f s %s\n%s" % (name, "ok" if good else "FAILED", took, detail, log_text.strip()))
     return ok, "\n".join(outs)
 
 
