@@ -101,6 +101,9 @@ static void bell_every_locked(rs_conn *c, int on)
  * off the socket. */
 int rs_rx_go_idle_locked(rs_conn *c)
 {
+    /* Held bytes (rs_hold.c) are data: the doorbells that announced them must stay on the
+     * socket, for another thread of the program asleep in poll or recv on it. */
+    if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     if (c->rx.flags_unseen) {
         /* Whether the program takes SIGIO: asked of the socket before each idle period,
          * the only moment a doorbell could be missed for it. */
@@ -122,6 +125,7 @@ int rs_rx_go_idle(rs_conn *c)
 /* A non-blocking receive found the ring empty: 1 if a record is there after all. */
 int rs_rx_nonblock_empty(rs_conn *c)
 {
+    if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     if (c->rx.move.state) return rs_fb_rx_ready(c);
     if (!c->rx.lazy_tidy || c->rx.pre.active) return rs_rx_go_idle_locked(c);
     return c->ops->nonblock_empty(c);

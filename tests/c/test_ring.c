@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1381,6 +1382,13 @@ static void t_hold_then_move(void)
     CHECK_EQ(rs_recv(p.cli, pk, sizeof pk, RS_MSG_PEEK, 1000), (ssize_t)sizeof pk);
     VERIFY_PAT(pk, 24, 0, sizeof pk);
     CHECK_EQ(rs_rx_ready(p.cli), 1);
+    /* a wait that arms (poll for POLLOUT in another thread) finds data and leaves the
+     * doorbells on the socket for a reader asleep there */
+    int bells_before = 0, bells_after = 0;
+    CHECK(ioctl(p.fd[1], FIONREAD, &bells_before) == 0, "FIONREAD");
+    CHECK_EQ(rs_rx_go_idle(p.cli), 1);
+    CHECK(ioctl(p.fd[1], FIONREAD, &bells_after) == 0, "FIONREAD");
+    CHECK_EQ(bells_after, bells_before);
     fill_pat(buf, 24, spos, 500);
     send_all_nb(p.srv, buf, 500);                    /* room again: after the held bytes */
     spos += 500;
