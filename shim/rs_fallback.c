@@ -212,7 +212,9 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
         if (n > 0) { sent += (size_t)n; c->tx.bytes += (uint64_t)n; continue; }
         if (n != -EAGAIN) { tx_broken(c, n); return sent ? (ssize_t)sent : n; }
         if (nonblock) break;
-        if (wait_sock(c, POLLOUT, deadline) <= 0) break;
+        int w = wait_sock(c, POLLOUT, deadline);
+        if (w < 0 && !sent) return w;           /* a signal without SA_RESTART: EINTR, as TCP's send */
+        if (w <= 0) break;
     }
     if (!sent && len) return -EAGAIN;
     return (ssize_t)sent;
