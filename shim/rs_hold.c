@@ -83,11 +83,18 @@ static size_t make_room(rs_conn *c, size_t want)
     return room < want ? room : want;
 }
 
+/* The peer has no remedy of its own for a full ring: it cannot spill, and the transport
+ * does not move a stalled ring to TCP. */
+static int hold_applies(rs_conn *c)
+{
+    return !c->spill_ok && !c->ops->stall_ms && c->rx.ring;
+}
+
 /* Caller holds tx.lock and found the ring full: 1 if it should hold (rs_hold_fill, once
  * it has let tx.lock go). */
 int rs_hold_due(rs_conn *c)
 {
-    if (rs_hold_recheck_ms(c) < 0) return 0;            /* the peer has its own remedy */
+    if (!hold_applies(c)) return 0;
     uint64_t full = rs_tx_full_ns(c);
     return full >= RS_HOLD_AFTER_NS || (full && __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED));   /* holding already */
 }
@@ -97,7 +104,7 @@ int rs_hold_due(rs_conn *c)
  * the peer's bytes in our ring wake nothing that waits only for POLLOUT. */
 int rs_hold_recheck_ms(rs_conn *c)
 {
-    if (c->spill_ok || c->ops->stall_ms || !c->rx.ring) return -1;
+    if (!hold_applies(c)) return -1;
     return __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ? 1 : (int)(RS_HOLD_AFTER_NS / 1000000u);
 }
 
