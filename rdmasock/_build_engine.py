@@ -30,6 +30,7 @@ INIT_PY = r"""
 from rdmasock._engine import ffi
 try:
     from rdmasock import engine as _engine
+    _engine.set_up_preloaded()
     _why = None
 except BaseException as _exc:      # reported through rse_status, never on stderr
     _engine = None

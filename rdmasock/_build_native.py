@@ -11,6 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every file of the data path (shim/rs_*.c), the same set the preload library links.
 SOURCES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "shim", "rs_*.c")))
+# ...and the Python API's side of the socket object (shim/api/): the preload has its hooks
+API_SOURCES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "shim", "api", "rs_*.c")))
 
 CDEF = """
 #define RS_STEP_PENDING ...
@@ -133,6 +135,43 @@ void rs_rdma_drain(rs_conn *c);
 
 
 int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
+
+#define RS_PLAIN ...
+#define RS_LISTEN ...
+#define RS_CLIENT_HS ...
+#define RS_SERVER_HS ...
+#define RS_RING ...
+#define RS_PRE_RX ...
+#define RS_BROKEN ...
+struct rs_sock {
+    int state;
+    int err;
+    int handle;
+    uint8_t role;
+    uint8_t app_nodelay;
+    uint8_t app_cork;
+    uint8_t hello_pending;
+    uint16_t reason;
+    uint32_t gen;
+    int fd;
+    rs_conn *conn;
+    struct rs_stat_slot *stat;
+    ...;
+};
+extern "Python+C" int rs_api_py_step(int handle, int wait_ms, uintptr_t *out);
+extern "Python+C" void rs_api_py_drop(int handle);
+extern "Python+C" void rs_api_py_unlisten(int handle);
+extern "Python+C" void rs_api_py_release(rs_conn *c);
+extern "Python+C" void rs_api_py_fell_back(int fd, int role, rs_conn *c);
+int rs_sock_get_gen(struct rs_sock *s, uint32_t gen);
+void rs_sock_put(struct rs_sock *s);
+void rs_sock_release_fd(struct rs_sock *s, int fd);
+void rs_sock_abandon_fd(struct rs_sock *s, int fd);
+int rs_sock_so_error(struct rs_sock *s, int err);
+void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len);
+void rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len);
+int rs_sock_at_mark(struct rs_sock *s, int *plain);
+int rs_tx_stamps_asked(int level, int name, const void *val, size_t len);
 int rs_ring_memory_reserve(size_t n);
 void rs_ring_memory_release(size_t n);
 uint64_t rs_ring_memory_in_use(void);
@@ -151,13 +190,13 @@ def header_decls(name):
 
 
 ffibuilder = cffi.FFI()
-ffibuilder.cdef(CDEF + header_decls("rs_verbs.h"))
+ffibuilder.cdef(CDEF + header_decls("rs_verbs.h") + header_decls("api/rs_api.h"))
 ffibuilder.set_source(
     "rdmasock._native",
-    '#include "rs_conn.h"\n#include "rs_contract.h"\n#include "rs_verbs.h"',
-    sources=SOURCES,
-    include_dirs=["shim"],
-    depends=sorted(glob.glob("shim/*.h")),             # a header change rebuilds the module
+    '#include "rs_conn.h"\n#include "rs_contract.h"\n#include "rs_verbs.h"\n#include "rs_api.h"',
+    sources=SOURCES + API_SOURCES,
+    include_dirs=["shim", "shim/api"],
+    depends=sorted(glob.glob("shim/*.h") + glob.glob("shim/api/*.h")),             # a header change rebuilds the module
     define_macros=[("RS_NO_VERBS", "1")] if os.environ.get("RDMASOCK_BUILD_RDMA") == "0" else [],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-ffile-prefix-map=%s=." % ROOT],
 )

@@ -1,78 +1,83 @@
 """`rdmasock.socket`: a drop-in for `socket.socket` whose TCP connections to other
-rdmasock programs on this host travel through a shared-memory ring.
+rdmasock programs travel through a ring (shared memory on this host, RDMA to others).
 
 The kernel TCP socket stays open underneath: `fileno()` is that socket, it carries the
-handshake and doorbell bytes, and select/selectors/asyncio wait on it.  Data moves through
-the C ring code in rdmasock._native; this class only decides which path a call takes."""
+handshake and doorbell bytes, and select/selectors/asyncio wait on it.  Each upgraded
+socket is the same C object the preload library uses (shim/rs_sock.c): its state machine,
+handshake steps (rdmasock/engine.py) and data path.  This class maps Python's calls onto
+it (shim/api/rs_api.c) and keeps only what is Python's own: timeouts and exceptions."""
 import errno
-import fcntl
 import io
 import math
 import operator
 import os
-import select
 import socket as _socket
 import struct
 import threading
 import time
+import weakref
 
-from . import config, handshake as hs, log, reasons, rendezvous, upgrade
+from . import config, engine, reasons
+from .handshake import HandshakeError
 from ._native import ffi, lib
 
 _base = _socket.socket
-# TCP options of an upgraded socket's TCP socket, which carries doorbells: value kept
-_DOORBELL_TCP_OPTS = ((_socket.TCP_NODELAY, 1), (_socket.TCP_CORK, 0))
-_links = {}            # socket inode -> _Link: the connection behind several objects
-_links_lock = threading.Lock()
 PRELOADED = False      # set by the preload engine: it upgrades every socket of the process
 
 _NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
 _RBUF_SIZE = 65536
 _EINTR = -errno.EINTR
+_PLAIN = lib.RS_API_PLAIN
 _CMSGHDR = struct.Struct("@Nii")        # struct cmsghdr: cmsg_len, cmsg_level, cmsg_type
 _SO_TIMESTAMPING = 37                   # <asm-generic/socket.h>; the socket module has no name for it
-_SOF_TX_STAMPS = 0x1 | 0x2 | 0x100 | 0x200   # SOF_TIMESTAMPING_TX_HARDWARE/_SOFTWARE/_SCHED/_ACK
-
-
-def _tx_stamps_asked(level, name, value):
-    """True if this option or control message asks for transmit timestamps, which the
-    kernel makes only on its own path of the bytes (reason tx_timestamps)."""
-    if level != _socket.SOL_SOCKET or name != _SO_TIMESTAMPING:
-        return False
-    if isinstance(value, int):
-        return bool(value & _SOF_TX_STAMPS)
-    try:
-        raw = bytes(value)
-    except TypeError:
-        return False                    # the kernel's own call reports what is wrong with it
-    return len(raw) >= 4 and bool(struct.unpack_from("@i", raw)[0] & _SOF_TX_STAMPS)
-
-
-def _anc_tx_stamps_asked(ancdata):
-    """_tx_stamps_asked for sendmsg's control messages; malformed ones are left to the
-    kernel's call to reject, with its own error."""
-    return any(isinstance(item, tuple) and len(item) == 3 and _tx_stamps_asked(*item) for item in ancdata)
-_rs_send, _rs_recv = lib.rs_send, lib.rs_recv     # bound once: the per-call path stays short
+_TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_TRANSPORT_RDMA: "rdma"}
+_VIRTUAL_TCP_OPTS = (_socket.TCP_NODELAY, _socket.TCP_CORK)   # kept off on a doorbell socket
+_rs_send, _rs_recv = lib.rs_api_send, lib.rs_api_recv      # bound once: the per-call path stays short
 _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
+
+# The C objects that Python objects share: several objects for one socket (dup(),
+# socket.fromfd(), socket(fileno=...)) hold one rs_sock, as several descriptors do.
+_shared = {}            # socket inode -> [rs_sock, gen, holders]
+_detached = {}          # descriptor -> (rs_sock, gen, inode): a detach()ed object's hold, for the next object
+_shared_lock = threading.Lock()
+
+
+# ---- the control plane's entry points for the C object (shim/api/rs_api.h) -------------
+
+def _quiet(exc, val, tb):
+    engine.internal_error(exc, val, tb)      # to the log file, never to the program's stderr
+
+
+@ffi.def_extern(error=-errno.EIO, onerror=_quiet)
+def rs_api_py_step(handle, wait_ms, out):
+    return engine.step(handle, wait_ms, out)
+
+
+@ffi.def_extern(onerror=_quiet)
+def rs_api_py_drop(handle):
+    engine.drop(handle)
+
+
+@ffi.def_extern(onerror=_quiet)
+def rs_api_py_unlisten(handle):
+    engine.unlisten(handle)
+
+
+@ffi.def_extern(onerror=_quiet)
+def rs_api_py_release(conn):
+    engine.release(int(ffi.cast("uintptr_t", conn)))
+
+
+@ffi.def_extern(onerror=_quiet)
+def rs_api_py_fell_back(fd, role, conn):
+    engine.fell_back(fd, role, int(ffi.cast("uintptr_t", conn)))
+
+
+lib.rs_api_install()
 
 
 def _is_stream_inet(family, type_):
     return family in (_socket.AF_INET, _socket.AF_INET6) and (type_ & 0xF) == _socket.SOCK_STREAM
-
-
-class _Link:
-    """An upgraded connection that more than one socket object refers to: objects made by
-    dup(), socket.fromfd() or socket(fileno=...) for the same socket, and a detach()ed
-    one.  Each object holds one reference; the connection is torn down (FIN record,
-    rings freed) when the last goes, as TCP sends its FIN when the last descriptor
-    closes."""
-    __slots__ = ("inode", "conn", "rxpre", "transport", "reason", "role", "refs", "detached", "own_fd")
-
-    def __init__(self, sock, inode):
-        self.inode, self.own_fd = inode, None
-        self.conn, self.rxpre = sock._conn, sock._rxpre
-        self.transport, self.reason, self.role = sock._transport, sock._reason, sock._role
-        self.refs, self.detached = 1, 0
 
 
 def _inode(fd):
@@ -82,9 +87,41 @@ def _inode(fd):
         return None
 
 
+def _abandoned(s, gen, inode, fd):
+    """A socket object collected without close(): its descriptor is closed already."""
+    if lib.rs_sock_get_gen(s, gen):
+        lib.rs_sock_put(s)
+        _forget(s, inode, fd, lib.rs_sock_abandon_fd)
+
+
+def _forget(s, inode, fd, release):
+    """One holder of s is gone; release(s, fd) drops its hold in C."""
+    with _shared_lock:
+        entry = _shared.get(inode)
+        if entry is not None and entry[0] == s:
+            entry[2] -= 1
+            if entry[2] <= 0:
+                del _shared[inode]
+    release(s, fd)
+
+
+def _tx_stamps_asked(level, name, value):
+    """True if this option or control message asks for transmit timestamps, which the
+    kernel makes only on its own path of the bytes (reason tx_timestamps)."""
+    if level != _socket.SOL_SOCKET or name != _SO_TIMESTAMPING:
+        return False
+    if isinstance(value, int):
+        return lib.rs_tx_stamps_asked(level, name, struct.pack("@i", value), 4) != 0
+    try:
+        raw = bytes(value)
+    except TypeError:
+        return False                    # the kernel's own call reports what is wrong with it
+    return lib.rs_tx_stamps_asked(level, name, raw, len(raw)) != 0
+
+
 class socket(_base):
-    """socket.socket with transparent same-host acceleration.  Extra attributes:
-    `transport` ("shm" or "tcp") and `fallback_reason` (None or a reason code)."""
+    """socket.socket with transparent acceleration.  Extra attributes: `transport`
+    ("shm", "rdma" or "tcp") and `fallback_reason` (None or a reason code)."""
 
     def __new__(cls, family=-1, type=-1, proto=-1, fileno=None):
         if fileno is not None and (family == -1 or type == -1):
@@ -100,103 +137,105 @@ class socket(_base):
 
     def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
         super().__init__(family, type, proto, fileno)
-        self._conn = None          # C connection when upgraded
-        self._role = "-"           # "client" or "server" once the handshake settled (log lines)
-        self._hs = None            # upgrade.Client / upgrade.Server while handshaking
-        self._app_tcp = {}         # TCP_NODELAY/TCP_CORK as the application set them (upgraded sockets)
-        self._rxpre = None         # server that declined: C reader of the client's preamble
-        self._broken = None        # exception to raise (bad handshake)
+        self._s = None             # the C object (struct rs_sock *) once this socket has one
+        self._gen = 0              # ...and which life of that pooled object it is
+        self._ino = None           # ...and the socket's inode (the key other objects find it by)
+        self._fin = None           # weakref.finalize: the object is collected without close()
+        self._reason = None        # plain TCP for a reason decided before any C object
+        self._transport = "tcp"    # what transport said last (kept after close)
         self._wrote_to_gone = False  # declined server: the one write TCP takes after the peer's close
-        self._lmarker = None       # listener rendezvous registration
         self._rbuf = None
-        self._pre_sent = 0         # client: payload sent in preamble frames (TCP_INFO's byte counts)
-        self._hs_lock = threading.RLock()   # handshake progress vs. queued writes, across threads
-        self._transport = "tcp"
-        self._reason = None
         self._tmo = self._timeout_ms()
         self._inet = _is_stream_inet(self.family, self.type)   # other families stay plain
-        self._link = self._own_fd = None
-        if fileno is not None and self._inet and _links:
-            self._join(_inode(fileno))
+        if fileno is not None and self._inet and (_shared or _detached):
+            self._join(fileno)
 
-    def _join(self, inode):
-        """A new object for a socket that an upgraded object already holds: share its
-        connection."""
-        with _links_lock:
-            link = _links.get(inode)
-            if link is None:
-                return
-            if link.detached:
-                link.detached -= 1              # the detached object's reference, taken over
-            else:
-                link.refs += 1
-            if link.own_fd is None:
-                # The connection's own calls (doorbells, waits) leave the first object's
-                # descriptor, which may close first: a private duplicate, kept to the end.
-                link.own_fd = fcntl.fcntl(self.fileno(), fcntl.F_DUPFD_CLOEXEC, 1024)
-                for c in (link.conn, link.rxpre):
-                    if c is not None:
-                        lib.rs_conn_move_fd(c, link.own_fd)
-        self._link = link
-        self._conn, self._rxpre = link.conn, link.rxpre
-        self._transport, self._reason, self._role = link.transport, link.reason, link.role
+    # ---- the C object ----------------------------------------------------------------
 
-    def _share(self):
-        """This object's connection may now be held by others too (dup, detach)."""
-        if self._link is None and (self._conn is not None or self._rxpre is not None):
-            inode = _inode(self.fileno())
-            with _links_lock:
-                self._link = _links[inode] = _Link(self, inode)
-        return self._link
+    def _adopt(self, s, gen, counted=False):
+        """This object holds s (one hold, for its descriptor).  counted: the holder count
+        includes it already (a detached object's hold)."""
+        fd = self.fileno()
+        self._s, self._gen, self._ino = s, gen, _inode(fd)
+        self._fin = weakref.finalize(self, _abandoned, s, gen, self._ino, fd)
+        self._fin.atexit = False
+        with _shared_lock:
+            entry = _shared.get(self._ino)
+            if entry is None or entry[0] != s:
+                _shared[self._ino] = [s, gen, 1]
+            elif not counted:
+                entry[2] += 1
 
-    def _leave(self):
-        """Drops this object's reference; True if it was the last (tear the connection
-        down), False if other objects still hold it."""
-        link, self._link = self._link, None
-        if link is None:
-            return True
-        with _links_lock:
-            link.refs -= 1
-            if link.refs > 0 or link.detached:
-                return False
-            if _links.get(link.inode) is link:
-                del _links[link.inode]
-        self._conn, self._rxpre = link.conn, link.rxpre   # what the last holder frees
-        self._own_fd = link.own_fd
-        return True
+    def _track(self, state, handle, role):
+        s = lib.rs_api_new(self.fileno(), state, handle, role)
+        if s == ffi.NULL:
+            engine.drop(handle)
+            return None
+        self._adopt(s, s.gen)
+        return s
+
+    def _join(self, fd):
+        """A new object for a socket that another object already holds: share its C object."""
+        inode = _inode(fd)
+        with _shared_lock:
+            held = _detached.pop(fd, None)
+            if held is not None and held[2] != inode:
+                held = None                         # that descriptor was closed; the number is another socket's
+            entry = _shared.get(inode) if held is None else None
+        if held is not None:
+            s, gen, _ = held                        # the detached object's hold, taken over
+            if lib.rs_sock_get_gen(s, gen):
+                lib.rs_sock_put(s)
+                self._adopt(s, gen, counted=True)
+            return
+        if entry is not None and lib.rs_api_hold(entry[0], entry[1], fd):
+            self._adopt(entry[0], entry[1])
+
+    def _enter(self):
+        """A call reference on this object's C object, or None (plain TCP)."""
+        s = self._s
+        if s is not None and lib.rs_sock_get_gen(s, self._gen):
+            return s
+        return None
+
+    def _state(self):
+        s = self._s
+        return lib.RS_PLAIN if s is None else s.state
+
+    @property
+    def _conn(self):
+        """The ring connection, while upgraded."""
+        s = self._s
+        return s.conn if s is not None and s.state == lib.RS_RING else None
 
     # ---- visible state ---------------------------------------------------------------
 
     @property
     def transport(self):
-        """"shm" or "tcp" ("rdma" with the RDMA transport).  While the peer's answer is
-        outstanding this makes non-blocking progress and reports "tcp"."""
-        if self._hs is not None:
-            try:
-                self._drive(None)
-            except OSError:
-                pass
-        c = self._conn
-        if c is not None and c.fb and self._transport != "tcp":
-            # the ring went on over TCP mid-stream (shim/rs_fallback.c)
-            self._reason, why = reasons.moved_to_tcp(c)
-            self._transport = "tcp"
-            self._log(self._role, detail=why)
-        return self._transport
-
-    @transport.setter
-    def transport(self, value):
-        self._transport = value
+        """"shm", "rdma" or "tcp".  While the peer's answer is outstanding this makes
+        non-blocking progress and reports "tcp"."""
+        s = self._s
+        if s is None:
+            return self._transport
+        st = lib.rs_api_step(s, self._gen, 0)
+        t = "tcp" if st != lib.RS_RING or s.stat == ffi.NULL else _TRANSPORTS.get(s.stat.transport, "tcp")
+        self._transport = t
+        return t
 
     @property
     def fallback_reason(self):
         """None, or the reason code (rdmasock.reasons) why this connection is plain TCP."""
+        s = self._s
+        if s is None:
+            return self._reason
         self.transport
-        return self._reason
+        code = s.stat.reason if s.stat != ffi.NULL else s.reason
+        return reasons.name(code) if code else None
 
-    @fallback_reason.setter
-    def fallback_reason(self, value):
-        self._reason = value
+    def _keep_outcome(self):
+        """transport and fallback_reason stay readable after close() and detach()."""
+        if self._s is not None:
+            self._transport, self._reason = self.transport, self.fallback_reason
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -214,207 +253,60 @@ class socket(_base):
             return -1
         return 0 if t == 0 else max(1, math.ceil(t * 1000))
 
-    def _deadline(self):
-        t = self.gettimeout()
-        if t is None:
-            return float("inf")
-        return None if t == 0 else time.monotonic() + t
-
-    def _fail(self, r, c=None):
+    def _fail(self, r):
         """Raises the exception for a negative errno from the C data path."""
         e = -r
         if e == errno.EAGAIN:
             if self.gettimeout():
                 raise TimeoutError("timed out")
             raise BlockingIOError(e, os.strerror(e))
-        c = c if c is not None else self._conn
         msg = os.strerror(e)
-        if c is not None and c.err == e and lib.rs_conn_errmsg(c)[0] != b"\0":
-            msg = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")    # says which failure
+        s = self._s
+        if s is not None:
+            c = s.conn if s.state in (lib.RS_RING, lib.RS_PRE_RX) else ffi.NULL
+            if c != ffi.NULL and c.err == e and lib.rs_conn_errmsg(c)[0] != b"\0":
+                msg = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")    # says which failure
+            elif s.state == lib.RS_BROKEN and s.reason:
+                why = reasons.name(s.reason)
+                msg = "rdmasock: handshake failed: %s (%s)" % (ffi.string(lib.rs_reason_text(s.reason)).decode(), why)
+                if e == errno.EPROTO:
+                    raise HandshakeError(why, msg)
         raise OSError(e, msg) if e not in _ERRCLS else _ERRCLS[e](e, msg)
-
-    def _log(self, role, detail=None):
-        try:
-            local, peer = self._addrs = self.getsockname(), self.getpeername()
-        except OSError:
-            # a later line (the ring moved to TCP) may come after both ends closed
-            local, peer = getattr(self, "_addrs", (None, None))
-        reason = self._reason if detail is None else "%s (%s)" % (self._reason, detail)
-        log.connection(role, local, peer, self._transport, reason)
-
-    def _settle(self, outcome, role):
-        """The handshake ended: switch to the ring or stay on TCP, then flush."""
-        h, self._hs = self._hs, None
-        h.close()
-        self.transport = outcome.transport
-        self.fallback_reason = outcome.reason
-        self._role = role
-        self._log(role)
-
-    def _drive(self, deadline):
-        """Advances a pending handshake.  Returns True when it is over."""
-        with self._hs_lock:
-            return self._drive_locked(deadline)
-
-    def _drive_locked(self, deadline):
-        h = self._hs
-        if h is None:
-            return True
-        try:
-            outcome = h.step(deadline)
-        except hs.HandshakeError as exc:
-            self._hs = None
-            h.close()
-            self.fallback_reason = exc.reason
-            self._broken = exc
-            self._log("client" if isinstance(h, upgrade.Client) else "server")
-            raise
-        if outcome is None:
-            return False
-        client = isinstance(h, upgrade.Client)
-        if outcome.conn is not None:
-            # The TCP socket now carries only doorbell bytes: Nagle would hold a bell
-            # behind an unacknowledged one for a delayed-ACK time, a cork for up to 200 ms.
-            # The application's own settings are kept virtually (getsockopt/setsockopt).
-            for opt, want in _DOORBELL_TCP_OPTS:
-                self._app_tcp[opt] = _base.getsockopt(self, _socket.IPPROTO_TCP, opt)
-                if self._app_tcp[opt] != want:
-                    _base.setsockopt(self, _socket.IPPROTO_TCP, opt, want)
-        self._rxpre = upgrade.after_answer(h, outcome, self.fileno())
-        # Publish the connection before clearing _hs: a thread that sees _hs gone is then
-        # sure to see the ring (see _plain), never the bare TCP socket.
-        self._conn = outcome.conn
-        self._settle(outcome, "client" if client else "server")
-        self._share()                 # socket.fromfd() and dup() of it find the connection
-        return True
-
-    def _ready_for_io(self, for_write):
-        """Makes sure the handshake is over before data moves.  Returns False for a
-        client's write while the server has not answered: the caller sends a preamble
-        frame.  A server never writes before it has answered (it waits for the HELLO,
-        which the client sends as soon as its connect completes)."""
-        if self._broken is not None:
-            raise self._broken
-        h = self._hs
-        if h is None:
-            return True
-        if self._drive(None):
-            return True
-        if for_write and isinstance(h, upgrade.Client):
-            if not h.hello_sent:
-                if not h.connected(None):
-                    raise BlockingIOError(errno.EAGAIN, "rdmasock: connect in progress")
-                h.start()
-            return False
-        if for_write:
-            if self._drive(time.monotonic() + config.get().handshake_timeout):
-                return True
-            exc = hs.HandshakeError("handshake_timeout", "rdmasock: handshake: the client announced "
-                                    "rdmasock but sent no HELLO in time")
-            self._hs = None
-            h.close()
-            self.fallback_reason, self._broken = exc.reason, exc
-            self._log("server")
-            raise exc
-        if self._deadline() is None:
-            raise BlockingIOError(errno.EAGAIN, "rdmasock: handshake in progress")
-        if not self._drive(self._deadline()):
-            raise TimeoutError("timed out")
-        return True
-
-    def _send_preamble(self, data, flags):
-        """A client's write before the server's answer: one preamble frame on the TCP
-        stream.  None if the handshake finished meanwhile (send normally)."""
-        p = _from_buffer(data)
-        nonblock = bool(flags & _NONBLOCK_FLAGS) or self._tmo == 0
-        deadline = self._deadline()
-        while True:
-            # One frame at a time under the lock (SWITCH never lands inside a frame); the
-            # wait for room happens outside it, so a reader thread can take the answer.
-            with self._hs_lock:
-                if self._ready_for_io(True):
-                    return None
-                r = lib.rs_pre_send(self.fileno(), p, len(p), 1, 0)
-            if r >= 0:
-                self._pre_sent += r
-                return r
-            if r not in (-errno.EAGAIN, _EINTR):
-                self._fail(r)
-            if nonblock:
-                self._fail(r)
-            if deadline is not None and deadline != float("inf") and time.monotonic() >= deadline:
-                raise TimeoutError("timed out")
-            upgrade._wait(self.fileno(), select.POLLOUT | select.POLLIN,
-                          min(deadline, time.monotonic() + 0.05) if deadline else time.monotonic() + 0.05)
-
-    def _plain(self):
-        """True if this socket is (now) plain TCP.  _hs is read first: the handshake
-        publishes _conn/_rxpre before it clears _hs, so no thread mistakes a socket that
-        was just upgraded for a plain one."""
-        return self._hs is None and self._broken is None and self._conn is None and self._rxpre is None
-
-    def _plain_tx(self):
-        """True if writes go to the TCP socket as they are (plain, or a server that
-        declined: only the client's direction carries preamble frames)."""
-        return self._hs is None and self._broken is None and self._conn is None
-
-    def _slow_rx(self):
-        """The C connection a read uses outside the fast path, or None for plain TCP."""
-        if self._plain():
-            return None
-        if self._rxpre is not None:
-            return self._rxpre
-        if self._hs is not None or self._broken is not None:
-            self._ready_for_io(False)
-        return self._conn if self._conn is not None else self._rxpre
-
-    def _preamble_done(self):
-        """The declined server has unwrapped the client's preamble: plain TCP from now on
-        (a reader shared with other objects is freed by the last of them)."""
-        c = self._rxpre
-        if c is not None and not c.rx.pre.active:
-            self._rxpre = None
-            if self._link is None:
-                lib.rs_conn_free(c)
 
     # ---- connection set-up ---------------------------------------------------------
 
-    def _client_plan(self, address):
-        """Decides whether to offer an upgrade.  Returns (sockaddr, upgrade.Client|None)."""
-        host, port = address[0], address[1]
-        infos = _socket.getaddrinfo(host, port, self.family, _socket.SOCK_STREAM)
-        sockaddr = infos[0][4] if infos else address
-        if self._conn is not None or self._hs is not None or PRELOADED:
-            return sockaddr, None
-        reason, marker, reserved = upgrade.plan_client(self, self.family, sockaddr)
-        if reason:
-            self.fallback_reason = reason
-            return sockaddr, None
-        return sockaddr, upgrade.Client(self, marker, reserved)
-
     def connect(self, address):
-        if not self._inet:
+        if not self._inet or PRELOADED or self._s is not None:
             return _base.connect(self, address)
-        sockaddr, client = self._client_plan(address)
-        if client is None:
-            _base.connect(self, sockaddr)
-            if self._hs is None and self._conn is None:
-                self._log("client")
-            return
-        self._hs = client
+        infos = _socket.getaddrinfo(address[0], address[1], self.family, _socket.SOCK_STREAM)
+        sockaddr = infos[0][4] if infos else address
+        handle = engine.plan_connect(self.fileno(), lambda family: sockaddr)
         try:
             _base.connect(self, sockaddr)
         except (BlockingIOError, InterruptedError):
+            if handle <= 0:
+                raise
             # Loopback connects finish at once unless the backlog is full: wait a moment so
             # the HELLO leaves now, not at the application's next call.
-            if not client.connected(time.monotonic() + 0.05):
+            if not _writable(self.fileno(), 0.05):
+                s = self._track(lib.RS_CLIENT_HS, handle, lib.RS_ROLE_CLIENT)
+                if s is not None:
+                    s.hello_pending = 1
                 raise
+            err = _base.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ERROR)
+            if err:
+                engine.drop(handle)
+                raise OSError(err, os.strerror(err)) if err not in _ERRCLS else _ERRCLS[err](err, os.strerror(err))
         except BaseException:
-            self._hs = None
-            client.close()
+            if handle > 0:
+                engine.drop(handle)
             raise
-        client.start()
-        self._drive(None)
+        if handle < 0:
+            self._reason = reasons.name(-handle)
+            engine.plain(self.fileno(), -handle)
+        elif handle > 0 and self._track(lib.RS_CLIENT_HS, handle, lib.RS_ROLE_CLIENT) is not None:
+            engine.hello(handle)
+            lib.rs_api_step(self._s, self._gen, 0)
 
     def connect_ex(self, address):
         try:
@@ -428,13 +320,10 @@ class socket(_base):
             _base.listen(self)
         else:
             _base.listen(self, backlog)
-        if not self._inet:
-            return
-        cfg = config.get()
-        if self._lmarker is None and not cfg.disabled and not PRELOADED \
-                and ("shm" in cfg.transports or "rdma" in cfg.transports) \
-                and not cfg.excluded(*self.getsockname()[:2]):
-            self._lmarker = rendezvous.register_listener(self)
+        if self._inet and not PRELOADED and self._s is None:
+            handle = engine.listen(self.fileno())
+            if handle > 0:
+                self._track(lib.RS_LISTEN, handle, 0)
 
     def accept(self):
         if not self._inet:
@@ -443,58 +332,47 @@ class socket(_base):
         sock = socket(self.family, self.type, self.proto, fileno=fd)
         if _socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
-        cfg = config.get()
-        why, decline_shm = (None, None) if PRELOADED else upgrade.server_plan(sock, self.getsockname(), addr)
         if PRELOADED:
-            pass                                  # the preloaded engine handles this socket
-        elif why is not None:
-            sock.fallback_reason = why
-            sock._log("server")
-        else:
-            sock._hs = upgrade.Server(sock, decline_shm)
+            return sock, addr                     # the preloaded engine handles this socket
+        handle = engine.accept(self.fileno(), fd)
+        if handle < 0:
+            sock._reason = reasons.name(-handle)
+        elif handle > 0 and sock._track(lib.RS_SERVER_HS, handle, lib.RS_ROLE_SERVER) is not None:
             # A blocking listener may wait briefly for the HELLO (the client sends it right
             # after connect); a nonblocking one (event loops) never waits here.
-            wait = None if self.gettimeout() == 0 else time.monotonic() + cfg.handshake_timeout
-            try:
-                sock._drive(wait)
-            except hs.HandshakeError:
-                pass                              # raised again at the first I/O
+            wait = 0 if self.gettimeout() == 0 else int(config.get().handshake_timeout * 1000)
+            lib.rs_api_step(sock._s, sock._gen, wait)
         return sock, addr
 
     # ---- data ----------------------------------------------------------------------
 
+    def _wait_ms(self, flags):
+        return 0 if flags & _NONBLOCK_FLAGS else self._tmo
+
     def recv(self, bufsize, flags=0):
-        c = self._conn
-        if c is None:
-            c = self._slow_rx()
-            if c is None:
-                return _base.recv(self, bufsize, flags)
-        if flags & _socket.MSG_OOB:
-            return _base.recv(self, bufsize, flags)     # urgent data only ever comes over TCP (send)
+        s = self._s
+        if s is None:
+            return _base.recv(self, bufsize, flags)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recv")
         if bufsize <= _RBUF_SIZE:
             buf = self._rbuf
             if buf is None:
                 buf = self._rbuf = ffi.new("char[]", _RBUF_SIZE)
-        elif bufsize < 0:
-            raise ValueError("negative buffersize in recv")
         else:
             buf = ffi.new("char[]", bufsize)
         while True:
-            r = _rs_recv(c, buf, bufsize, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
+            r = _rs_recv(s, self._gen, buf, bufsize, flags, self._wait_ms(flags))
             if r >= 0:
-                if self._rxpre is not None:
-                    self._preamble_done()
                 return _unpack(buf, r)
+            if r == _PLAIN:
+                return _base.recv(self, bufsize, flags)
             if r != _EINTR:
-                self._fail(r, c)
+                self._fail(r)
 
     def recv_into(self, buffer, nbytes=0, flags=0):
-        c = self._conn
-        if c is None:
-            c = self._slow_rx()
-            if c is None:
-                return _base.recv_into(self, buffer, nbytes, flags)
-        if flags & _socket.MSG_OOB:
+        s = self._s
+        if s is None:
             return _base.recv_into(self, buffer, nbytes, flags)
         p = _from_buffer(buffer, require_writable=True)
         size = len(p)
@@ -505,13 +383,17 @@ class socket(_base):
         if nbytes:
             size = nbytes
         while True:
-            r = _rs_recv(c, p, size, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
+            r = _rs_recv(s, self._gen, p, size, flags, self._wait_ms(flags))
             if r >= 0:
-                if self._rxpre is not None:
-                    self._preamble_done()
                 return r
+            if r == _PLAIN:
+                return _base.recv_into(self, buffer, nbytes, flags)
             if r != _EINTR:
-                self._fail(r, c)
+                self._fail(r)
+
+    def _plain(self):
+        """True if this socket is plain TCP now."""
+        return self._state() == lib.RS_PLAIN
 
     def recvfrom(self, bufsize, flags=0):
         if self._plain():
@@ -536,11 +418,16 @@ class socket(_base):
     def _rx_ancillary(self, ancbufsize):
         """(ancdata, msg_flags) a TCP socket gives with received bytes: timestamps and
         TCP_INQ, as the program asked for them (shim/rs_report.c)."""
-        c = self._conn
-        if not ancbufsize or c is None:
+        s = self._enter() if ancbufsize else None
+        if s is None:
             return [], 0
-        buf, trunc = ffi.new("char[]", ancbufsize), ffi.new("int *")
-        used = lib.rs_conn_rx_ancillary(c, self.fileno(), buf, ancbufsize, trunc)
+        try:
+            if s.state != lib.RS_RING:
+                return [], 0
+            buf, trunc = ffi.new("char[]", ancbufsize), ffi.new("int *")
+            used = lib.rs_conn_rx_ancillary(s.conn, self.fileno(), buf, ancbufsize, trunc)
+        finally:
+            lib.rs_sock_put(s)
         raw, items, off = ffi.buffer(buf, used)[:], [], 0
         hdr = _socket.CMSG_LEN(0)
         while off + hdr <= used:
@@ -568,77 +455,61 @@ class socket(_base):
         return (total, *self._rx_ancillary(ancbufsize if total else 0), None)
 
     def send(self, data, flags=0):
-        c = self._conn
-        if c is None:
-            if self._plain_tx():
-                if self._rxpre is not None:
-                    return self._declined_send(_base.send, data, flags)
-                return _base.send(self, data, flags)       # plain, or a declined server
-            n = self._send_preamble(data, flags)
-            if n is not None:
-                return n
-            return self.send(data, flags)
-        if flags & _socket.MSG_OOB:
-            return self._send_urgent(c, data, flags)
+        s = self._s
+        if s is None:
+            return _base.send(self, data, flags)
         p = _from_buffer(data)
         while True:
-            r = _rs_send(c, p, len(p), 1 if flags & _NONBLOCK_FLAGS else 0, self._tmo)
+            r = _rs_send(s, self._gen, p, len(p), flags, self._wait_ms(flags))
             if r >= 0:
                 return r
+            if r == _PLAIN:
+                return self._plain_send(_base.send, data, flags)
             if r != _EINTR:
                 self._fail(r)
 
-    def _declined_send(self, send, data, flags):
-        """A declined server before the client's SWITCH.  A client that closed during its
-        handshake answered our DECLINE with a reset, which TCP would not have had: as over
-        TCP after a peer's close, the first write succeeds and later ones fail."""
+    def _plain_send(self, send, data, flags):
+        """The kernel's send.  A declined server before the client's SWITCH: a client that
+        closed during its handshake answered our DECLINE with a reset, which TCP would not
+        have had: as over TCP after a peer's close, the first write succeeds and later ones
+        fail."""
+        s = self._s
+        declined = s is not None and s.state == lib.RS_PRE_RX
         try:
             return send(self, data, flags)
         except (BrokenPipeError, ConnectionResetError):
-            if self._wrote_to_gone or not self._rxpre.rx.pre.active:
+            if not declined:
+                raise
+            if self._wrote_to_gone or s.state != lib.RS_PRE_RX:
                 raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)) from None
             self._wrote_to_gone = True
             return None if send is _base.sendall else len(memoryview(data).cast("B"))
 
-    def _send_urgent(self, c, data, flags):
-        """Urgent data exists only in TCP: the connection moves there first, behind every
-        byte sent before (reason urgent_data), then the kernel sends and marks it."""
-        self._move_tx(c, "urgent_data", flags)
-        return _base.send(self, data, flags)
-
-    def _move_tx(self, c, reason, flags=0):
-        """Our direction moves to TCP behind every byte sent before: what follows is the
-        kernel's to send (docs/PROTOCOL.md 6.8)."""
-        while True:
-            r = lib.rs_fb_move_tx(c, reasons.CODE_BY_NAME[reason], 0 if flags & _NONBLOCK_FLAGS else self._tmo)
-            if r == 0:
-                self.transport                          # logs the move
-                return
-            if r != _EINTR:
-                self._fail(r)
-
     def sendall(self, data, flags=0):
-        c = self._conn
-        if c is not None and self._tmo < 0 and not flags & _NONBLOCK_FLAGS:
+        s = self._s
+        if s is None:
+            return _base.sendall(self, data, flags)
+        if self._tmo < 0 and not flags & _NONBLOCK_FLAGS:
             p = _from_buffer(data)          # blocking without timeout: one call sends it all
             n = len(p)
             while True:
-                r = _rs_send(c, p, n, 0, -1)
+                r = _rs_send(s, self._gen, p, n, flags, -1)
                 if r == n:
                     return None
                 if r >= 0:
                     p, n = p + r, n - r
+                elif r == _PLAIN:
+                    return self._plain_send(_base.sendall, ffi.buffer(p, n), flags)
                 elif r != _EINTR:
                     self._fail(r)
-        if c is None and self._plain_tx():
-            if self._rxpre is not None:
-                return self._declined_send(_base.sendall, data, flags)
-            return _base.sendall(self, data, flags)
         view = memoryview(data).cast("B")
-        deadline = self._deadline()
+        t = self.gettimeout()
+        deadline = None if not t else time.monotonic() + t
         while view:
-            if deadline not in (None, float("inf")) and time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError("timed out")
+            if self._plain():
+                return self._plain_send(_base.sendall, view, flags)
             n = self.send(view, flags)
             view = view[n:]
 
@@ -646,15 +517,15 @@ class socket(_base):
         if self._plain():
             return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address else []))
         buffers, ancdata = list(buffers), list(ancdata)
-        c = self._conn
-        if c is not None and _anc_tx_stamps_asked(ancdata):
-            self._move_tx(c, "tx_timestamps", flags)
-            return _base.sendmsg(self, buffers, ancdata, flags, *([address] if address is not None else []))
+        addr = [address] if address is not None else []
+        if any(isinstance(i, tuple) and len(i) == 3 and _tx_stamps_asked(*i) for i in ancdata):
+            self._move_tx("tx_timestamps", flags)
+            return _base.sendmsg(self, buffers, ancdata, flags, *addr)
         if ancdata or address is not None:
             # The kernel checks the arguments and the ancillary data (a TCP socket accepts
             # and ignores what it has no use for), with no byte of the stream; the ring
             # carries the bytes.
-            _base.sendmsg(self, [], ancdata, flags | _NONBLOCK_FLAGS, *([address] if address is not None else []))
+            _base.sendmsg(self, [], ancdata, flags | _NONBLOCK_FLAGS, *addr)
         return self.send(b"".join(bytes(memoryview(b).cast("B")) for b in buffers), flags)
 
     def sendto(self, data, *flags_addr):
@@ -665,13 +536,25 @@ class socket(_base):
         # TCP ignores the address of a connected socket
         return self.send(data, flags_addr[0] if len(flags_addr) == 2 else 0)
 
+    def _move_tx(self, reason, flags=0):
+        """Our direction moves to TCP behind every byte sent before: what follows is the
+        kernel's to send (docs/PROTOCOL.md 6.8)."""
+        s = self._s
+        while s is not None:
+            r = lib.rs_api_move_tx(s, self._gen, reasons.CODE_BY_NAME[reason],
+                                   flags | (_NONBLOCK_FLAGS if self._tmo == 0 else 0))
+            if r in (0, _PLAIN):
+                return
+            if r != _EINTR:
+                self._fail(r)
+
     def sendfile(self, file, offset=0, count=None):
-        if self._plain_tx():
+        if self._plain():
             return _base.sendfile(self, file, offset, count)
         return self._sendfile_use_send(file, offset, count)
 
     def _sendfile_use_sendfile(self, file, offset=0, count=None):
-        if self._plain_tx():
+        if self._plain():
             return _base._sendfile_use_sendfile(self, file, offset, count)
         # os.sendfile would write around the ring: the bytes go through send(), after the
         # checks (and the give-ups, for files that are not regular) of the original
@@ -690,134 +573,103 @@ class socket(_base):
         if not -0x80000000 <= how <= 0x7FFFFFFF:
             raise OverflowError("signed integer is greater than maximum" if how > 0 else
                                 "signed integer is less than minimum")
-        if how not in (_socket.SHUT_RD, _socket.SHUT_WR, _socket.SHUT_RDWR):
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        if self._hs is not None:
-            self._finish_handshake_for_close()
-        c = self._conn
-        if c is None:
+        s = self._s
+        r = _PLAIN if s is None else lib.rs_api_shutdown(s, self._gen, how, self._tmo == 0)
+        if r == _PLAIN:
             return _base.shutdown(self, how)
-        if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
-            lib.rs_shutdown_rd(c)
-        if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
-            lib.rs_send_fin(c)
+        if r < 0:
+            self._fail(r)
 
-    def _finish_handshake_for_close(self):
-        """shutdown()/detach() while the peer has not answered: the half-close must travel
-        the way the data will, so wait (bounded) for the answer.  Without one the socket
-        stays plain TCP with reason handshake_timeout."""
-        try:
-            self._drive(time.monotonic() + config.get().handshake_timeout)
-        except (OSError, hs.HandshakeError):
-            pass
-        h = self._hs
-        if h is None:
-            return
-        self._hs = None
-        h.close()
-        self.fallback_reason = "handshake_timeout"
+    def _release(self, release):
+        self._keep_outcome()
+        s, self._s = self._s, None
+        fin, self._fin = self._fin, None
+        if fin is not None:
+            fin.detach()
+        if s is not None and lib.rs_sock_get_gen(s, self._gen):
+            lib.rs_sock_put(s)
+            _forget(s, self._ino, self.fileno(), release)
 
     def _real_close(self):
-        if not self._leave():
-            self._conn = self._rxpre = None     # others hold the connection: only our fd goes
-            return super()._real_close()
-        # Unread handshake bytes (the client's SWITCH) or doorbells would make the kernel's
-        # close a reset, which TCP would not have sent.
-        pre, self._rxpre = self._rxpre, None
-        if pre is not None:
-            lib.rs_quiesce_bells(pre)
-            lib.rs_conn_free(pre)
-        c, self._conn = self._conn, None
-        if c is not None:
-            lib.rs_quiesce_bells(c)
-            lib.rs_send_fin(c)
-            upgrade.release(c)
-        own, self._own_fd = self._own_fd, None
-        if own is not None:
-            os.close(own)
-        h, self._hs = self._hs, None
-        if h is not None:
-            if isinstance(h, upgrade.Client):
-                # The server's answer may arrive after the close and provoke a reset, which
-                # would overtake the end of what we sent: our FIN goes first, as TCP's
-                # close sends it.
-                try:
-                    _base.shutdown(self, _socket.SHUT_WR)
-                except OSError:
-                    pass
-            h.close()
-        if self._lmarker is not None:
-            rendezvous.close_marker(self._lmarker)
-            self._lmarker = None
+        # The C object sends the FIN record (or RESET) and frees the ring when the last
+        # holder goes, while this descriptor is still open.
+        self._release(lib.rs_sock_release_fd)
         super()._real_close()
 
     def detach(self):
         """The descriptor leaves this object, the connection stays with it: an object made
         later for that descriptor (socket(fileno=fd)) takes it over."""
-        if self._hs is not None:
-            self._finish_handshake_for_close()
-        link = self._share()
-        if link is not None:
-            with _links_lock:
-                link.refs -= 1
-                link.detached += 1
-        self._link = self._conn = self._rxpre = None
-        if self._lmarker is not None:
-            rendezvous.close_marker(self._lmarker)
-            self._lmarker = None
-        return super().detach()
-
-    def dup(self):
-        """A second object for the same connection (the handshake settles first, bounded,
-        so that both objects read the same stream)."""
-        if self._hs is not None:
-            self._finish_handshake_for_close()
-        self._share()
-        return super().dup()
+        self._keep_outcome()
+        s, gen, fin, inode = self._s, self._gen, self._fin, self._ino
+        self._s = self._fin = None
+        if fin is not None:
+            fin.detach()
+        fd = super().detach()
+        if s is not None:
+            with _shared_lock:
+                _detached[fd] = (s, gen, inode)
+        return fd
 
     # ---- readiness helpers (used by tests and tools) ---------------------------------
 
     def pending_bytes(self):
         """Bytes receivable without waiting (like ioctl FIONREAD)."""
-        if self._conn is None:
+        c = self._conn
+        if c is None:
             import fcntl
             import termios
             return struct.unpack("i", fcntl.ioctl(self.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-        return lib.rs_rx_available(self._conn)
+        return lib.rs_rx_available(c)
 
     def setsockopt(self, level, optname, value, optlen=None):
-        if self._conn is not None and level == _socket.IPPROTO_TCP and optname in self._app_tcp:
-            self._app_tcp[optname] = 1 if value else 0     # the doorbell socket keeps Nagle and the cork off
-            return None
-        if self._conn is not None and optlen is None and _tx_stamps_asked(level, optname, value):
-            self._move_tx(self._conn, "tx_timestamps")     # the kernel stamps only its own path
-        if optlen is None:
-            _base.setsockopt(self, level, optname, value)
-        else:
-            _base.setsockopt(self, level, optname, value, optlen)
-        if self._conn is not None:
-            lib.rs_conn_sockopt_set(self._conn)            # receive options: asked again at the next recvmsg
+        s = self._enter()
+        if s is None:
+            return _base.setsockopt(self, level, optname, value) if optlen is None else \
+                _base.setsockopt(self, level, optname, value, optlen)
+        try:
+            if s.state == lib.RS_RING and level == _socket.IPPROTO_TCP and optname in _VIRTUAL_TCP_OPTS:
+                v = 1 if value else 0            # the doorbell socket keeps Nagle and the cork off
+                if optname == _socket.TCP_NODELAY:
+                    s.app_nodelay = v
+                else:
+                    s.app_cork = v
+                return None
+            if optlen is None and _tx_stamps_asked(level, optname, value):
+                self._move_tx("tx_timestamps")     # the kernel stamps only its own path
+            if optlen is None:
+                _base.setsockopt(self, level, optname, value)
+                raw = struct.pack("@i", value) if isinstance(value, int) else bytes(value)
+                lib.rs_sock_setopt_seen(s, level, optname, raw, len(raw))
+            else:
+                _base.setsockopt(self, level, optname, value, optlen)
+                lib.rs_sock_setopt_seen(s, level, optname, ffi.NULL, 0)
+        finally:
+            lib.rs_sock_put(s)
 
     def getsockopt(self, *args):
-        c = self._conn
-        if c is not None and args[0] == _socket.IPPROTO_TCP and args[1] in self._app_tcp and len(args) == 2:
-            return self._app_tcp[args[1]]
-        if c is not None and args[:2] == (_socket.IPPROTO_TCP, _socket.TCP_INFO) and len(args) == 3:
-            info = bytearray(_base.getsockopt(self, *args))     # counts the stream, not the socket
-            lib.rs_conn_tcp_info(c, c.rx.bytes + c.rx.pre.bytes, c.tx.bytes + self._pre_sent,
-                                 ffi.from_buffer(info), len(info))
-            return bytes(info)
-        h = self._hs
-        if h is not None and isinstance(h, upgrade.Client) and not h.hello_sent and args[:2] == (_socket.SOL_SOCKET, _socket.SO_ERROR):
-            # asyncio finishes a nonblocking connect by reading SO_ERROR: send the HELLO now.
-            err = _base.getsockopt(self, *args)
-            if err == 0 and h.connected(None):
-                h.start()
-            return err
-        return _base.getsockopt(self, *args)
+        s = self._enter()
+        if s is None:
+            return _base.getsockopt(self, *args)
+        try:
+            level, name = args[0], args[1]
+            if s.state == lib.RS_RING and level == _socket.IPPROTO_TCP and name in _VIRTUAL_TCP_OPTS and len(args) == 2:
+                return s.app_nodelay if name == _socket.TCP_NODELAY else s.app_cork
+            value = _base.getsockopt(self, *args)
+            if (level, name) == (_socket.IPPROTO_TCP, _socket.TCP_INFO) and len(args) == 3:
+                info = bytearray(value)            # counts the stream, not the socket
+                lib.rs_sock_tcp_info(s, ffi.from_buffer(info), len(info))
+                return bytes(info)
+            if (level, name) == (_socket.SOL_SOCKET, _socket.SO_ERROR) and len(args) == 2:
+                value = lib.rs_sock_so_error(s, value)
+                # asyncio finishes a nonblocking connect by reading SO_ERROR: the HELLO leaves now
+                if value == 0 and s.state == lib.RS_CLIENT_HS and s.hello_pending:
+                    lib.rs_api_step(s, self._gen, 0)
+            return value
+        finally:
+            lib.rs_sock_put(s)
 
     def __repr__(self):
-        return _base.__repr__(self)[:-1] + ", transport=%s>" % self._transport
+        return _base.__repr__(self)[:-1] + ", transport=%s>" % self.transport
 
     def stats(self):
         c = self._conn
@@ -826,6 +678,16 @@ class socket(_base):
         return {"transport": self.transport, "bytes_sent": c.tx.bytes, "bytes_received": c.rx.bytes,
                 "records_sent": c.tx.records, "records_received": c.rx.records, "bytes_spilled": c.tx.spilled,
                 "doorbells_sent": c.bells_sent, "sleeps": c.rx.sleeps}
+
+
+def _writable(fd, seconds):
+    import select
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    try:
+        return bool(p.poll(int(seconds * 1000)))
+    except InterruptedError:
+        return False
 
 
 _ERRCLS = {
@@ -840,8 +702,6 @@ def fromfd(fd, family, type, proto=0):
     """Like socket.fromfd: an rdmasock socket for a duplicate of fd (which shares the
     connection of an upgraded socket that fd belongs to)."""
     return socket(family, type, proto, os.dup(fd))
-
-
 def create_connection(address, timeout=_socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None, *, all_errors=False):
     """Like socket.create_connection, returning an rdmasock socket."""
     host, port = address

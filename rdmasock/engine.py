@@ -1,10 +1,11 @@
-"""The control plane inside a preloaded program (librdmasock.so, shim/preload/).
+"""The control plane of the socket object (shim/rs_sock.c), for both of its hosts: the
+preloaded program (librdmasock.so, shim/preload/, through the cffi-embedded
+rdmasock._engine library) and the Python API (rdmasock/api.py, shim/api/).
 
-The C front calls these functions (through the cffi-embedded rdmasock._engine library)
-only at connection set-up and teardown: register a listener, plan a connect, take an
-accepted socket, advance a handshake.  The data path never enters Python.  Handshakes use
-the same state machines as the Python API (upgrade.py); the descriptors belong to the
-application, so the engine works on duplicates it closes itself."""
+The C side calls these functions only at connection set-up and teardown: register a
+listener, plan a connect, take an accepted socket, advance a handshake.  The data path
+never enters Python.  The handshakes themselves are upgrade.py's.  The descriptors belong
+to the application, so the engine works on duplicates it closes itself."""
 import errno
 import fcntl
 import os
@@ -103,9 +104,14 @@ def unlisten(handle):
 def connect_plan(fd, sockaddr_bytes):
     """Before the application's connect: offer an upgrade?  Returns a handle, or -reason
     code (plain TCP; logged by plain() once connected)."""
+    return plan_connect(fd, lambda family: _socket_address(family, sockaddr_bytes))
+
+
+def plan_connect(fd, address_of):
+    """connect_plan for an address address_of(family) gives: (host, port[, ...])."""
     s = AppSocket(fd)
     try:
-        addr = _socket_address(s.family, sockaddr_bytes)
+        addr = address_of(s.family)
         reason, marker, reserved = upgrade.plan_client(s, s.family, addr)
     except BaseException:
         s.close()
@@ -245,9 +251,10 @@ def internal_error(exc, val, tb):
     log.line("engine error: " + " | ".join("".join(traceback.format_exception(exc, val, tb)).splitlines()))
 
 
-def _set_up():
-    """Marks the process as preloaded: rdmasock.socket() then stays out of the way.  At
-    log level debug, says which Python the engine runs in (`rdmasock doctor` reads it)."""
+def set_up_preloaded():
+    """Called once by the embedded engine (rdmasock/_build_engine.py) of a preloaded
+    program.  Marks the process as preloaded: rdmasock.socket() then stays out of the way.
+    At log level debug, says which Python the engine runs in (`rdmasock doctor` reads it)."""
     from . import api
     api.PRELOADED = True
     if config.get().log_level >= config.LOG_LEVELS.index("debug"):
@@ -257,6 +264,3 @@ def _set_up():
         log.line("engine=ready python=%s executable=%s package=%s pyverbs=%s"
                  % (sys.version.split()[0], sys.executable, os.path.dirname(os.path.abspath(__file__)),
                     "yes" if ok else "no (%s)" % why), level=3)
-
-
-_set_up()

@@ -54,6 +54,7 @@ struct rs_sock *rs_sock_new(int fd, int state)
         pthread_mutex_unlock(&pool_lock);
     }
     int *fds = s->fds, capfds = s->capfds;
+    uint32_t gen = s->gen + 1;
     struct rs_sock *all_next = s->all_next;
     if (!fds) {
         fds = malloc(2 * sizeof *fds);
@@ -69,6 +70,7 @@ struct rs_sock *rs_sock_new(int fd, int state)
     /* refs stays 0 until everything else is in place: a stale rs_sock_try_get sees 0 */
     memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
     s->all_next = all_next;
+    s->gen = gen;
     s->fds = fds;
     s->capfds = capfds;
     s->fds[0] = fd;
@@ -92,6 +94,14 @@ int rs_sock_try_get(struct rs_sock *s)
         if (!r) return 0;                             /* being torn down, or free */
     } while (!__atomic_compare_exchange_n(&s->refs, &r, r + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     return 1;
+}
+
+int rs_sock_get_gen(struct rs_sock *s, uint32_t gen)
+{
+    if (!rs_sock_try_get(s)) return 0;
+    if (__atomic_load_n(&s->gen, __ATOMIC_RELAXED) == gen) return 1;
+    rs_sock_put(s);                                   /* the object lives on as another socket */
+    return 0;
 }
 
 struct rs_sock *rs_sock_ref(struct rs_sock *s)
@@ -212,6 +222,16 @@ void rs_sock_release_fd(struct rs_sock *s, int fd)
     if (__atomic_sub_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL) == 0) destroy(s);
 }
 
+void rs_sock_abandon_fd(struct rs_sock *s, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->nfds; i++)
+        if (s->fds[i] == fd) { s->fds[i] = s->fds[--s->nfds]; break; }
+    if (s->fd == fd && !s->own_fd) use_fd(s, s->nfds ? s->fds[0] : -1);
+    pthread_mutex_unlock(&s->lock);
+    if (__atomic_sub_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL) == 0) destroy(s);
+}
+
 void rs_sock_mark_all_forked(void)
 {
     pthread_mutex_lock(&pool_lock);
@@ -255,10 +275,26 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     if (s->app_cork) syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
     s->conn = c;
     int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
-    c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
-    c->rx.flags_unseen = 0;                     /* the fcntl hook tells us (rs_sock_flags_seen) */
-    if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
+    if (!s->kernel_readiness) {
+        c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
+        c->rx.flags_unseen = 0;                 /* the fcntl hook tells us (rs_sock_flags_seen) */
+        if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
+    }
     s->forked = 0;                              /* made in this process: nobody else has the ring */
+}
+
+/* The handshake ended (caller holds lock): the half-closes asked for meanwhile go the way
+ * the data now goes. */
+static void shut_pending_now(struct rs_sock *s)
+{
+    int p = s->shut_pending;
+    s->shut_pending = 0;
+    if (s->state == RS_RING) {
+        if (p & 1) rs_shutdown_rd(s->conn);
+        if (p & 2) rs_send_fin(s->conn);
+    } else {
+        syscall(SYS_shutdown, s->fd, p == 3 ? SHUT_RDWR : p == 1 ? SHUT_RD : SHUT_WR);
+    }
 }
 
 int rs_sock_step(struct rs_sock *s, int wait_ms)
@@ -273,6 +309,7 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
         uintptr_t out[2] = { 0, 0 };
         int res = rs_host->step(s->handle, wait_ms, out);
         s->role = (uint8_t)roles[st];
+        if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING) s->reason = (uint16_t)out[1];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
             int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->ops->id;
             s->stat = rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]);
@@ -295,6 +332,7 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
             r = 0;
             s->hello_pending = res == RS_STEP_CONNECTING;
         }
+        if (r && s->shut_pending) shut_pending_now(s);
     }
     pthread_mutex_unlock(&s->lock);
     return r;
@@ -314,7 +352,7 @@ void rs_sock_settle(struct rs_sock *s)
 
 /* An rdma connection's transport failed and it goes on over TCP: `rdmasock stat` shows
  * transport tcp with reason rdma_failed, and the log says why (once per connection). */
-static void note_fallback(struct rs_sock *s)
+void rs_sock_note_fallback(struct rs_sock *s)
 {
     if (!s->stat || s->stat->transport == RS_TRANSPORT_TCP) return;
     s->stat->transport = RS_TRANSPORT_TCP;
@@ -349,6 +387,7 @@ static int prepare(struct rs_sock *s, int for_write, int timeout)
         if (rs_sock_step(s, wait)) return rs_sock_state(s);
         if (for_write && wait == RS_HS_WRITE_WAIT_MS) {
             s->err = ETIMEDOUT;
+            s->reason = RS_REASON_HANDSHAKE_TIMEOUT;
             __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
             return -ETIMEDOUT;
         }
@@ -383,9 +422,13 @@ static ssize_t plain_within(struct rs_sock *s, uint64_t deadline, int *plain)
 
 ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain)
 {
+    return rs_sock_recv_within(s, buf, n, flags, call_timeout(s, flags, s->rcvtimeo_ms), plain);
+}
+
+ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, int timeout, int *plain)
+{
     /* The error queue (transmit timestamps, errors) is the kernel socket's, never stream. */
     if (flags & MSG_ERRQUEUE) { *plain = 1; return 0; }
-    int timeout = call_timeout(s, flags, s->rcvtimeo_ms);
     uint64_t deadline = rs_deadline(timeout);
     int entry = rs_sock_state(s), st = prepare(s, 0, timeout);
     *plain = 0;
@@ -402,7 +445,7 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
     if (flags & MSG_OOB) { *plain = 1; return 0; }
     ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT | MSG_TRUNC), timeout);
     if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre.active)) end_preamble(s);
-    else if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
+    else if (__builtin_expect(RS_GET(s->conn->fb), 0)) rs_sock_note_fallback(s);
     if (r > 0 && !(flags & MSG_PEEK)) {
         __atomic_fetch_add(&s->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
         if (s->stat) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
@@ -447,7 +490,9 @@ static int settle_handshake(struct rs_sock *s)
         if (s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS) {
             if (rs_host && rs_host->drop) rs_host->drop(s->handle);
             s->handle = -1;
+            s->reason = RS_REASON_HANDSHAKE_TIMEOUT;
             __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE);
+            if (s->shut_pending) shut_pending_now(s);
         }
         pthread_mutex_unlock(&s->lock);
     }
@@ -462,7 +507,7 @@ int rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain)
     *plain = 1;
     if (settle_handshake(s) != RS_RING) return 0;
     int r = rs_fb_move_tx(s->conn, reason, call_timeout(s, flags, s->sndtimeo_ms));
-    note_fallback(s);
+    rs_sock_note_fallback(s);
     if (r == 0) return 0;
     *plain = 0;
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
@@ -479,9 +524,13 @@ int rs_tx_stamps_asked(int level, int name, const void *val, size_t len)
 
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain)
 {
+    return rs_sock_send_within(s, buf, n, flags, call_timeout(s, flags, s->sndtimeo_ms), plain);
+}
+
+ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int flags, int timeout, int *plain)
+{
     /* urgent data exists only in TCP: the kernel marks the byte, as it always does */
     if (__builtin_expect(flags & MSG_OOB, 0)) return rs_sock_move_tx(s, RS_REASON_URGENT_DATA, flags, plain);
-    int timeout = call_timeout(s, flags, s->sndtimeo_ms);
     uint64_t deadline = rs_deadline(timeout);
     int st = prepare(s, 1, timeout);
     *plain = 0;
@@ -505,7 +554,7 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
     if (st == RS_RING) {
         r = rs_send(s->conn, (const uint8_t *)buf + pre, n - (size_t)pre, timeout == 0, timeout);
         if (pre) r = r < 0 ? pre : r + pre;
-        if (__builtin_expect(RS_GET(s->conn->fb), 0)) note_fallback(s);
+        if (__builtin_expect(RS_GET(s->conn->fb), 0)) rs_sock_note_fallback(s);
         uint64_t spilled = __atomic_load_n(&s->conn->tx.spilled, __ATOMIC_RELAXED);
         if (s->stat && __builtin_expect(spilled != s->stat->tx_spilled, 0))
             __atomic_store_n(&s->stat->tx_spilled, spilled, __ATOMIC_RELAXED);
@@ -523,9 +572,26 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
 
 int rs_sock_shutdown(struct rs_sock *s, int how, int *plain)
 {
+    return rs_sock_shutdown_nonblock(s, how, s->nonblock, plain);
+}
+
+/* A blocking half-close during the handshake waits for it, bounded (settle_handshake): it
+ * must travel the way the data will.  A non-blocking one must not wait (an event loop
+ * may be what runs the peer): it is noted, and done when the handshake ends
+ * (shut_pending, rs_sock_step), which the caller's next call on the socket drives. */
+int rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *plain)
+{
     *plain = 0;
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) { *plain = 1; return 0; }   /* the kernel's EINVAL */
+    int st = rs_sock_state(s);
+    if (nonblock && (st == RS_CLIENT_HS || st == RS_SERVER_HS) && !rs_sock_step(s, 0)) {
+        pthread_mutex_lock(&s->lock);
+        int open = s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS;
+        if (open) s->shut_pending |= (how != SHUT_WR ? 1 : 0) | (how != SHUT_RD ? 2 : 0);
+        pthread_mutex_unlock(&s->lock);
+        if (open) return 0;
+    }
     if (settle_handshake(s) != RS_RING) { *plain = 1; return 0; }
-    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
     if (how != SHUT_WR) rs_shutdown_rd(s->conn);
     if (how != SHUT_RD) rs_send_fin(s->conn);
     return 0;

@@ -65,6 +65,14 @@ struct rs_sock {
                                * take over: non-blocking reads keep arming */
     uint8_t  own_fd;          /* fd is our private duplicate: closed with the object */
     uint8_t  hello_met_eof;   /* plain: our HELLO met the peer's end of stream (rs_sock_so_error) */
+    uint8_t  kernel_readiness;/* the program waits on the kernel socket itself, not through
+                               * readiness hooks (Python API): every doorbell is read at once,
+                               * and O_ASYNC is looked up, not told */
+    uint8_t  shut_pending;    /* half-closes (1 read, 2 write) a non-blocking caller asked for
+                               * while the handshake was open: done when it ends */
+    uint16_t reason;          /* why the handshake ended as it did (RS_REASON_*), 0: none */
+    uint32_t gen;             /* which life of this (pooled) object: a host that keeps a
+                               * pointer checks it (rs_sock_get_gen) */
     int      rcvtimeo_ms;     /* SO_RCVTIMEO, -1: none */
     int      sndtimeo_ms;     /* SO_SNDTIMEO, -1: none */
     int      fd;              /* a descriptor of this socket for our own calls */
@@ -90,6 +98,10 @@ void rs_sock_release_fd(struct rs_sock *s, int fd);
 void rs_sock_mark_all_forked(void);
 void rs_sock_after_fork_child(void);
 int  rs_sock_try_get(struct rs_sock *s);          /* a call on an object that may be dying: 1 ok */
+int  rs_sock_get_gen(struct rs_sock *s, uint32_t gen);   /* try_get of that life of it: 1 ok */
+/* The host lost fd without telling us while it was open (its number is closed already and
+ * may be reused): drops its hold, and no system call of ours uses that number again. */
+void rs_sock_abandon_fd(struct rs_sock *s, int fd);
 
 static inline int rs_sock_state(const struct rs_sock *s) { return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE); }
 
@@ -99,10 +111,16 @@ int  rs_sock_in_handshake(struct rs_sock *s);        /* bytes on the kernel sock
 void rs_sock_settle(struct rs_sock *s);              /* one non-blocking step towards data */
 
 /* I/O.  Return bytes or -errno; *plain = 1 means the socket is plain TCP: the caller
- * makes the real call (and nothing was done). */
+ * makes the real call (and nothing was done).  rs_sock_recv/send wait as the socket's
+ * flags and SO_RCVTIMEO/SO_SNDTIMEO say; the _within forms wait timeout_ms (-1: no
+ * limit, 0: not at all), for a host that keeps its own timeouts (Python's settimeout). */
 ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *plain);
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
+ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, int timeout_ms, int *plain);
+ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int flags, int timeout_ms, int *plain);
+void    rs_sock_note_fallback(struct rs_sock *s);   /* after the ring went on over TCP: stat + log */
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
+int     rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *plain);
 int     rs_sock_move_tx(struct rs_sock *s, int reason, int flags, int *plain);  /* then the kernel's call */
 /* 1 if this option (setsockopt) or control message (sendmsg) asks for transmit
  * timestamps, which only the kernel's path of the bytes can make (RS_REASON_TX_TIMESTAMPS) */

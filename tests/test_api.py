@@ -286,6 +286,46 @@ def test_send_before_accept_reaches_the_server():
         x.close()
 
 
+def test_nonblocking_half_close_during_the_handshake_does_not_wait():
+    """One thread runs both ends, as an event loop does: a non-blocking client writes and
+    half-closes before the server has even accepted.  Waiting there for the server's
+    answer would wait for itself; the half-close happens when the handshake ends, on the
+    path the data takes, and the server reads everything, then end of stream."""
+    import time
+    srv = rdmasock.create_server(("127.0.0.1", 0))
+    c = rdmasock.create_connection(srv.getsockname())
+    c.setblocking(False)
+    c.sendall(b"request " * 2000)
+    t0 = time.monotonic()
+    c.shutdown(socket.SHUT_WR)
+    assert time.monotonic() - t0 < 1
+    s, _ = srv.accept()
+    s.setblocking(False)
+    got, deadline = b"", time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            c.recv(1)                                # the client's next call ends its handshake
+        except BlockingIOError:
+            pass
+        try:
+            d = s.recv(65536)
+        except BlockingIOError:
+            time.sleep(0.001)
+            continue
+        if not d:
+            break
+        got += d
+    assert got == b"request " * 2000
+    s.sendall(b"reply")
+    s.close()
+    c.setblocking(True)
+    c.settimeout(10)
+    assert recv_all(c, timeout=10) == b"reply"
+    assert c.transport == "shm" and c.fallback_reason is None
+    c.close()
+    srv.close()
+
+
 def test_detach_and_reattach(pair):
     c, s = pair()
     c.sendall(b"a")
