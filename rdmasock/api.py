@@ -30,7 +30,6 @@ _EINTR = -errno.EINTR
 _PLAIN = lib.RS_API_PLAIN
 _CMSGHDR = struct.Struct("@Nii")        # struct cmsghdr: cmsg_len, cmsg_level, cmsg_type
 _SO_TIMESTAMPING = 37                   # <asm-generic/socket.h>; the socket module has no name for it
-_TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_TRANSPORT_RDMA: "rdma"}
 _VIRTUAL_TCP_OPTS = (_socket.TCP_NODELAY, _socket.TCP_CORK)   # kept off on a doorbell socket
 _rs_send, _rs_recv = lib.rs_api_send, lib.rs_api_recv      # bound once: the per-call path stays short
 _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
@@ -218,7 +217,7 @@ class socket(_base):
         if s is None:
             return self._transport
         st = lib.rs_api_step(s, self._gen, 0)
-        t = "tcp" if st != lib.RS_RING or s.stat == ffi.NULL else _TRANSPORTS.get(s.stat.transport, "tcp")
+        t = "tcp" if st != lib.RS_RING or s.stat == ffi.NULL else reasons.TRANSPORTS.get(s.stat.transport, "tcp")
         self._transport = t
         return t
 
@@ -268,7 +267,7 @@ class socket(_base):
                 msg = ffi.string(lib.rs_conn_errmsg(c)).decode(errors="replace")    # says which failure
             elif s.state == lib.RS_BROKEN and s.reason:
                 why = reasons.name(s.reason)
-                msg = "rdmasock: handshake failed: %s (%s)" % (ffi.string(lib.rs_reason_text(s.reason)).decode(), why)
+                msg = "rdmasock: handshake failed: %s (%s)" % (reasons.REASONS[s.reason][1], why)
                 if e == errno.EPROTO:
                     raise HandshakeError(why, msg)
         raise OSError(e, msg) if e not in _ERRCLS else _ERRCLS[e](e, msg)
@@ -346,9 +345,6 @@ class socket(_base):
 
     # ---- data ----------------------------------------------------------------------
 
-    def _wait_ms(self, flags):
-        return 0 if flags & _NONBLOCK_FLAGS else self._tmo
-
     def recv(self, bufsize, flags=0):
         s = self._s
         if s is None:
@@ -362,7 +358,7 @@ class socket(_base):
         else:
             buf = ffi.new("char[]", bufsize)
         while True:
-            r = _rs_recv(s, self._gen, buf, bufsize, flags, self._wait_ms(flags))
+            r = _rs_recv(s, self._gen, buf, bufsize, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
                 return _unpack(buf, r)
             if r == _PLAIN:
@@ -383,7 +379,7 @@ class socket(_base):
         if nbytes:
             size = nbytes
         while True:
-            r = _rs_recv(s, self._gen, p, size, flags, self._wait_ms(flags))
+            r = _rs_recv(s, self._gen, p, size, flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
                 return r
             if r == _PLAIN:
@@ -460,7 +456,7 @@ class socket(_base):
             return _base.send(self, data, flags)
         p = _from_buffer(data)
         while True:
-            r = _rs_send(s, self._gen, p, len(p), flags, self._wait_ms(flags))
+            r = _rs_send(s, self._gen, p, len(p), flags, 0 if flags & _NONBLOCK_FLAGS else self._tmo)
             if r >= 0:
                 return r
             if r == _PLAIN:

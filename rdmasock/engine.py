@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import socket as _socket
+import threading
 import time
 
 from . import config, handshake as hs, log, reasons, rendezvous, upgrade
@@ -21,6 +22,7 @@ STEP_PRE_RX, STEP_CONNECTING = lib.RS_STEP_PRE_RX, lib.RS_STEP_CONNECTING
 _listeners = {}        # handle -> rendezvous marker socket
 _handshakes = {}       # handle -> _Handshake
 _next = [1]
+_next_lock = threading.Lock()   # threads of the program connect at once (the GIL may switch between bytecodes)
 
 
 class AppSocket(_socket.socket):
@@ -59,9 +61,10 @@ class _Handshake:
 
 
 def _new_handle(table, item):
-    n = _next[0]
-    _next[0] = n + 1 if n < 0x7FFFFFF0 else 1
-    table[n] = item
+    with _next_lock:
+        n = _next[0]
+        _next[0] = n + 1 if n < 0x7FFFFFF0 else 1
+        table[n] = item
     return n
 
 

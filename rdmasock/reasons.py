@@ -29,6 +29,9 @@ RDMA_REASONS = {"no_pyverbs": "rdma_unavailable", "no_verbs_build": "rdma_unavai
 
 CODE_BY_NAME = {name: code for code, (name, _) in REASONS.items()}
 
+# Transport numbers (RS_TRANSPORT_*, shim/rs_contract.h) -> the names users see
+TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_TRANSPORT_RDMA: "rdma"}
+
 # Reasons for a connection that was upgraded and later went on over TCP (rs_fallback.c):
 # its log shows a transport=tcp line after the transport=shm/rdma one.
 MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "splice", "tx_timestamps", "peer_moved")

@@ -16,7 +16,7 @@ from ._native import ffi, lib
 # compiler laid it out: cffi reads it from there.
 HDR_SIZE = ffi.sizeof("struct rs_stat_hdr")
 SLOT_SIZE = ffi.sizeof("struct rs_stat_slot")
-TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_TRANSPORT_RDMA: "rdma"}
+TRANSPORTS = reasons.TRANSPORTS
 ROLES = {lib.RS_ROLE_CLIENT: "client", lib.RS_ROLE_SERVER: "server"}
 
 

@@ -79,6 +79,7 @@ rs_conn *rs_conn_alloc(void)
 void rs_conn_free(rs_conn *c)
 {
     if (!c) return;
+    rs_hold_unlist(c);
     c->ops->free(c);
     rs_hold_free(c);
     if (c->map_base) {

@@ -136,6 +136,11 @@ struct rs_conn {
     size_t   map_len;
     struct rs_rdma *rdma;     /* the rdma transport's own state (rs_rdma.c only) */
     uint64_t bells_sent;      /* doorbell bytes sent (both directions; relaxed atomic) */
+    /* The process's connections a waiting writer may fill the holds of (rs_hold.c): the
+     * list is that of the copy of this code that owns the connection, which may not be
+     * the copy that made it (the engine's, for the preload library). */
+    struct rs_live *live;
+    struct rs_conn *live_prev, *live_next;
 
     struct rs_tx tx;
     struct rs_rx rx;
@@ -298,6 +303,8 @@ int      rs_hold_recheck_ms(rs_conn *c);
 void     rs_hold_fill(rs_conn *c);
 size_t   rs_hold_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
 void     rs_hold_free(rs_conn *c);
+void     rs_hold_list(rs_conn *c);     /* a connection its socket object now owns */
+void     rs_hold_unlist(rs_conn *c);   /* before it is freed (rs_conn_free) */
 
 /* rs_fallback.c */
 void     rs_fb_update_done(rs_conn *c);

@@ -15,11 +15,19 @@
  * on the wire: to the peer this is a consumer that read.  Reads take the hold first; the
  * buffer is freed as soon as it is empty.
  *
+ * A waiting writer fills the holds of the process's other such connections as well: a
+ * program that waits writing to one connection (a single-threaded proxy, a client of two
+ * servers) does not read its others meanwhile, and their peers may be waiting for room
+ * for the very bytes that would let this write go on.  TCP's kernel takes those bytes
+ * too, whatever the program is doing.
+ *
  * The hold belongs to the receive side (rx.lock).  The writer decides under tx.lock that
  * it is due and fills it after letting tx.lock go (the lock order is rx.lock first).
+ * Other connections' receive sides are only tried (a reader there is making progress).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -108,12 +116,60 @@ int rs_hold_recheck_ms(rs_conn *c)
     return __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ? 1 : (int)(RS_HOLD_AFTER_NS / 1000000u);
 }
 
+/* The process's connections, for the writer that fills others' holds.  A connection
+ * leaves the list before it is freed, under the list's lock, which the filler holds. */
+struct rs_live { rs_lock_t lock; rs_conn *head; };
+static struct rs_live live;
+
+/* A child does not fill the holds of the connections it inherited: a child that does not
+ * use them would take bytes its parent is to read, where TCP gives them to whichever
+ * process reads.  Only connections it adopts itself are listed. */
+static void live_before_fork(void) { rs_lock(&live.lock); }
+static void live_after_fork_parent(void) { rs_unlock(&live.lock); }
+static void live_after_fork_child(void)
+{
+    for (rs_conn *o = live.head, *next; o; o = next) {
+        next = o->live_next;
+        o->live = NULL;
+        o->live_prev = o->live_next = NULL;
+    }
+    live.head = NULL;
+    live.lock.v = 0;
+}
+static void live_init(void) { pthread_atfork(live_before_fork, live_after_fork_parent, live_after_fork_child); }
+
+void rs_hold_list(rs_conn *c)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (c->live) return;
+    pthread_once(&once, live_init);
+    rs_lock(&live.lock);
+    c->live = &live;
+    c->live_prev = NULL;
+    c->live_next = live.head;
+    if (live.head) live.head->live_prev = c;
+    live.head = c;
+    rs_unlock(&live.lock);
+}
+
+void rs_hold_unlist(rs_conn *c)
+{
+    struct rs_live *l = c->live;       /* the list of the code that listed it */
+    if (!l) return;
+    rs_lock(&l->lock);
+    if (c->live_prev) c->live_prev->live_next = c->live_next;
+    else l->head = c->live_next;
+    if (c->live_next) c->live_next->live_prev = c->live_prev;
+    c->live = NULL;
+    c->live_prev = c->live_next = NULL;
+    rs_unlock(&l->lock);
+}
+
 /* Takes what the receive ring has into the hold and returns the credit (caller holds
- * neither lock: returning credit may ring the peer's doorbell, under tx.lock). */
-void rs_hold_fill(rs_conn *c)
+ * rx.lock, not tx.lock: returning credit may ring the peer's doorbell, under tx.lock). */
+static void fill_locked(rs_conn *c)
 {
     struct rs_rx *x = &c->rx;
-    rs_lock(&x->lock);
     uint64_t limit = hold_limit();
     if (!x->pre.active && !x->move.state && !x->spill_state && !x->fin_seen && !x->shut_rd &&
         !RS_GET(c->err) && x->hold_len < limit) {
@@ -127,7 +183,22 @@ void rs_hold_fill(rs_conn *c)
         }
         if (!x->hold_len) rs_hold_free(c);
     }
-    rs_unlock(&x->lock);
+}
+
+/* Our own receive ring into the hold, then those of the process's other connections
+ * whose peers cannot spill either (caller holds no lock). */
+void rs_hold_fill(rs_conn *c)
+{
+    rs_lock(&c->rx.lock);
+    fill_locked(c);
+    rs_unlock(&c->rx.lock);
+    rs_lock(&live.lock);
+    for (rs_conn *o = live.head; o; o = o->live_next) {
+        if (o == c || !hold_applies(o) || !rs_trylock(&o->rx.lock)) continue;
+        fill_locked(o);
+        rs_unlock(&o->rx.lock);
+    }
+    rs_unlock(&live.lock);
 }
 
 /* Copies up to len held bytes (caller holds rx.lock); with peek they stay. */

@@ -281,6 +281,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
         if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
     }
     s->forked = 0;                              /* made in this process: nobody else has the ring */
+    rs_hold_list(c);                            /* its hold may be filled by any waiting writer */
 }
 
 /* The handshake ended (caller holds lock): the half-closes asked for meanwhile go the way

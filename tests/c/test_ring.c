@@ -1381,6 +1381,9 @@ static void t_hold_then_move(void)
 {
     struct pair p;
     pair_open_hold(&p, 4096);
+    /* The server's side does not hold (it is another process's, in truth): a waiting
+     * writer fills every such connection of its process (t_hold_for_others). */
+    p.srv->ops = &rs_transport_shm;
     uint64_t wpos = 0, spos = 0, rpos = 0;
     fill_ring(p.cli, 1000, 23, &wpos);               /* the client's ring to the server: full */
     fill_ring(p.srv, 700, 24, &spos);                /* the server's to the client: full too */
@@ -1414,6 +1417,82 @@ static void t_hold_then_move(void)
     CHECK_EQ(p.cli->fb, 1);
     expect_pat(p.srv, 23, &(uint64_t){ 0 }, (size_t)wpos);
     pair_close(&p);
+}
+
+/* A program that waits writing to one connection fills the holds of its others: P sends
+ * 1 MiB on A, whose reader Y reads only once X has sent 1 MiB to P on B; P reads B only
+ * after its send on A.  Over TCP the kernel takes X's bytes meanwhile.  X writes without
+ * ever waiting in a send (non-blocking, with pauses), so only P's wait can fill B's
+ * hold; without it P's send times out. */
+struct others { rs_conn *x; int done; };
+
+static void *others_x_run(void *arg)
+{
+    struct others *o = arg;
+    uint8_t *buf = malloc(8192);
+    CHECK(buf, "malloc");
+    uint64_t pos = 0, total = 1u << 20;
+    double end = now_ms() + 20000;
+    while (pos < total) {
+        CHECK(now_ms() < end, "X is stuck after %llu bytes", (unsigned long long)pos);
+        size_t n = total - pos < 8192 ? (size_t)(total - pos) : 8192;
+        fill_pat(buf, 32, pos, n);
+        ssize_t r = rs_send(o->x, buf, n, 1, 0);
+        if (r == -EAGAIN) { usleep(200); continue; }
+        CHECK(r > 0, "X's send returned %zd", r);
+        pos += (uint64_t)r;
+    }
+    __atomic_store_n(&o->done, 1, __ATOMIC_RELEASE);
+    free(buf);
+    return NULL;
+}
+
+struct others_y { rs_conn *y; struct others *o; };
+
+static void *others_y_run(void *arg)
+{
+    struct others_y *y = arg;
+    double end = now_ms() + 20000;
+    while (!__atomic_load_n(&y->o->done, __ATOMIC_ACQUIRE)) {
+        CHECK(now_ms() < end, "X never finished");
+        usleep(1000);
+    }
+    uint64_t rpos = 0;
+    expect_pat(y->y, 31, &rpos, 1u << 20);
+    return NULL;
+}
+
+static void t_hold_for_others(void)
+{
+    struct pair a, b;                                /* A: P (cli) -> Y (srv); B: X (srv) -> P (cli) */
+    pair_open_hold(&a, 4096);
+    pair_open_hold(&b, 4096);
+    rs_conn *all[] = { a.cli, a.srv, b.cli, b.srv };  /* what socket objects do when they adopt a ring */
+    for (int i = 0; i < 4; i++) rs_hold_list(all[i]);
+    struct others o = { .x = b.srv };
+    struct others_y y = { .y = a.srv, .o = &o };
+    pthread_t tx, ty;
+    CHECK(pthread_create(&tx, NULL, others_x_run, &o) == 0, "pthread_create");
+    CHECK(pthread_create(&ty, NULL, others_y_run, &y) == 0, "pthread_create");
+    uint8_t *buf = malloc(65536);
+    CHECK(buf, "malloc");
+    for (uint64_t pos = 0; pos < (1u << 20); pos += 65536) {
+        fill_pat(buf, 31, pos, 65536);
+        ssize_t r = rs_send(a.cli, buf, 65536, 0, 10000);
+        CHECK(r == 65536, "P's send at %llu returned %zd", (unsigned long long)pos, r);
+    }
+    free(buf);
+    uint64_t rpos = 0;
+    expect_pat(b.cli, 32, &rpos, 1u << 20);         /* the hold first, then the ring */
+    CHECK(pthread_join(tx, NULL) == 0 && pthread_join(ty, NULL) == 0, "pthread_join");
+    printf("  hold_for_others: %llu of %llu bytes of B went through P's hold\n", (unsigned long long)b.cli->rx.held,
+           (unsigned long long)(1u << 20));
+    CHECK(b.cli->rx.held > 0, "B's bytes never went through the hold");
+    CHECK(b.cli->rx.hold == NULL, "an empty hold keeps its buffer");
+    CHECK_EQ(a.cli->fb, 0);
+    CHECK_EQ(b.cli->fb, 0);
+    pair_close(&a);
+    pair_close(&b);
 }
 
 /* The peer that spills is not trusted: a SPILL record with a bad count, garbage where its
@@ -2847,6 +2926,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "spill_concurrent", t_spill_concurrent },
     { "hold", t_hold },
     { "hold_then_move", t_hold_then_move },
+    { "hold_for_others", t_hold_for_others },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peer_gone_behind_bells", t_peer_gone_behind_bells },
