@@ -44,7 +44,10 @@ _shared_lock = threading.Lock()
 # ---- the control plane's entry points for the C object (shim/api/rs_api.h) -------------
 
 def _quiet(exc, val, tb):
-    engine.internal_error(exc, val, tb)      # to the log file, never to the program's stderr
+    try:
+        engine.internal_error(exc, val, tb)  # to the log file, never to the program's stderr
+    except BaseException:
+        pass                                 # (cffi would print an error of this one there)
 
 
 @ffi.def_extern(error=-errno.EIO, onerror=_quiet)
