@@ -22,7 +22,6 @@ from .handshake import HandshakeError
 from ._native import ffi, lib
 
 _base = _socket.socket
-PRELOADED = False      # set by the preload engine: it upgrades every socket of the process
 
 _NONBLOCK_FLAGS = int(_socket.MSG_DONTWAIT)     # a plain int: IntFlag arithmetic costs ~1 us
 _RBUF_SIZE = 65536
@@ -278,7 +277,7 @@ class socket(_base):
     # ---- connection set-up ---------------------------------------------------------
 
     def connect(self, address):
-        if not self._inet or PRELOADED or self._s is not None:
+        if not self._inet or engine.PRELOADED or self._s is not None:
             return _base.connect(self, address)
         infos = _socket.getaddrinfo(address[0], address[1], self.family, _socket.SOCK_STREAM)
         sockaddr = infos[0][4] if infos else address
@@ -322,7 +321,7 @@ class socket(_base):
             _base.listen(self)
         else:
             _base.listen(self, backlog)
-        if self._inet and not PRELOADED and self._s is None:
+        if self._inet and not engine.PRELOADED and self._s is None:
             handle = engine.listen(self.fileno())
             if handle > 0:
                 self._track(lib.RS_LISTEN, handle, 0)
@@ -334,7 +333,7 @@ class socket(_base):
         sock = socket(self.family, self.type, self.proto, fileno=fd)
         if _socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
-        if PRELOADED:
+        if engine.PRELOADED:
             return sock, addr                     # the preloaded engine handles this socket
         handle = engine.accept(self.fileno(), fd)
         if handle < 0:

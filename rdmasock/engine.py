@@ -19,6 +19,7 @@ from ._native import ffi, lib
 STEP_PENDING, STEP_RING, STEP_TCP = lib.RS_STEP_PENDING, lib.RS_STEP_RING, lib.RS_STEP_TCP
 STEP_PRE_RX, STEP_CONNECTING = lib.RS_STEP_PRE_RX, lib.RS_STEP_CONNECTING
 
+PRELOADED = False      # this process runs the preload library: rdmasock.socket stays plain
 _listeners = {}        # handle -> rendezvous marker socket
 _handshakes = {}       # handle -> _Handshake
 _next = [1]
@@ -258,8 +259,8 @@ def set_up_preloaded():
     """Called once by the embedded engine (rdmasock/_build_engine.py) of a preloaded
     program.  Marks the process as preloaded: rdmasock.socket() then stays out of the way.
     At log level debug, says which Python the engine runs in (`rdmasock doctor` reads it)."""
-    from . import api
-    api.PRELOADED = True
+    global PRELOADED
+    PRELOADED = True
     if config.get().log_level >= config.LOG_LEVELS.index("debug"):
         import sys
         from . import devices
