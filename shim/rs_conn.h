@@ -105,6 +105,7 @@ struct rs_rx {
     size_t   hold_off, hold_cap;
     uint64_t hold_len;        /* held bytes not yet read (read unlocked: atomic) */
     uint64_t held;            /* stream bytes that went through the hold (relaxed) */
+    uint64_t hold_seen;       /* rx.pos when the holder thread last looked (rs_hold.c) */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -254,6 +255,7 @@ static inline int rs_tx_switch(rs_conn *c)
 }
 ssize_t  rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 int      rs_pre_settle(rs_conn *c);
+int      rs_pre_settle_locked(rs_conn *c);   /* the same, caller holds rx.lock */
 int      rs_pre_quiesce(rs_conn *c, uint64_t ns);
 ssize_t  rs_tcp_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 

@@ -21,6 +21,13 @@
  * for the very bytes that would let this write go on.  TCP's kernel takes those bytes
  * too, whatever the program is doing.
  *
+ * And where the program does not call the socket library at all for a while (it computes,
+ * sleeps, or waits on a pipe, a lock or a plain TCP socket), a thread of ours (the holder)
+ * looks every 10 ms at the connections with half a ring or more unread (their producer
+ * waits for credit, or soon will): one whose consumer has not moved since its last look
+ * is filled.  It runs only while such
+ * connections exist, and looks less often (up to every 200 ms) while none waits.
+ *
  * The hold belongs to the receive side (rx.lock).  The writer decides under tx.lock that
  * it is due and fills it after letting tx.lock go (the lock order is rx.lock first).
  * Other connections' receive sides are only tried (a reader there is making progress).
@@ -30,16 +37,20 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include "rs_conn.h"
 
 #define RS_HOLD_AFTER_NS 10000000ull      /* a full ring this long before the writer holds */
 #define RS_HOLD_MIN      (64u << 10)      /* first allocation */
 #define RS_HOLD_DEFAULT  (10ull << 20)    /* limit if the kernel's maxima cannot be read */
+#define HOLDER_BUSY_MS   10u              /* the holder's look while a producer waits */
+#define HOLDER_IDLE_MS   200u             /* ...and at most while none does */
 
-/* The third field of a net.ipv4.tcp_[rw]mem file, or 0. */
-static uint64_t tcp_mem_max(const char *path)
+/* Field k (0 min, 1 default, 2 max) of a net.ipv4.tcp_[rw]mem file, or 0. */
+static uint64_t tcp_mem_field(const char *path, int k)
 {
     char buf[128];
     int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
@@ -56,16 +67,18 @@ static uint64_t tcp_mem_max(const char *path)
         if (end == p) return 0;
         p = end;
     }
-    return v[2];
+    return v[k];
 }
 
-/* What TCP queues for one direction at most: the sender's buffer and the receiver's. */
+/* What TCP queues for one direction whose receiver does not read: the sender's buffer
+ * (it grows to the tcp_wmem maximum) and the receiver's as it starts (the tcp_rmem
+ * default: the window grows only as the program reads). */
 static uint64_t hold_limit(void)
 {
     static uint64_t limit;
     uint64_t l = __atomic_load_n(&limit, __ATOMIC_RELAXED);
     if (l) return l;
-    l = tcp_mem_max("/proc/sys/net/ipv4/tcp_wmem") + tcp_mem_max("/proc/sys/net/ipv4/tcp_rmem");
+    l = tcp_mem_field("/proc/sys/net/ipv4/tcp_wmem", 2) + tcp_mem_field("/proc/sys/net/ipv4/tcp_rmem", 1);
     if (!l) l = RS_HOLD_DEFAULT;
     if (l > (1ull << 31)) l = 1ull << 31;
     __atomic_store_n(&limit, l, __ATOMIC_RELAXED);
@@ -118,8 +131,10 @@ int rs_hold_recheck_ms(rs_conn *c)
 
 /* The process's connections, for the writer that fills others' holds.  A connection
  * leaves the list before it is freed, under the list's lock, which the filler holds. */
-struct rs_live { rs_lock_t lock; rs_conn *head; };
+struct rs_live { rs_lock_t lock; rs_conn *head; int holder; };   /* holder: its thread runs */
 static struct rs_live live;
+
+static void holder_start(void);
 
 /* A child does not fill the holds of the connections it inherited: a child that does not
  * use them would take bytes its parent is to read, where TCP gives them to whichever
@@ -134,6 +149,7 @@ static void live_after_fork_child(void)
         o->live_prev = o->live_next = NULL;
     }
     live.head = NULL;
+    live.holder = 0;                   /* threads do not survive fork */
     live.lock.v = 0;
 }
 static void live_init(void) { pthread_atfork(live_before_fork, live_after_fork_parent, live_after_fork_child); }
@@ -149,6 +165,7 @@ void rs_hold_list(rs_conn *c)
     c->live_next = live.head;
     if (live.head) live.head->live_prev = c;
     live.head = c;
+    if (!live.holder && hold_applies(c)) holder_start();
     rs_unlock(&live.lock);
 }
 
@@ -171,6 +188,9 @@ static void fill_locked(rs_conn *c)
 {
     struct rs_rx *x = &c->rx;
     uint64_t limit = hold_limit();
+    /* A server's ring comes after the client's preamble: only its SWITCH may be read off
+     * here (bytes the client wrote before our answer are the program's to read first). */
+    if (x->pre.active && !rs_pre_settle_locked(c)) return;
     if (!x->pre.active && !x->move.state && !x->spill_state && !x->fin_seen && !x->shut_rd &&
         !RS_GET(c->err) && x->hold_len < limit) {
         size_t want = limit - x->hold_len < c->ring_size ? (size_t)(limit - x->hold_len) : c->ring_size;
@@ -199,6 +219,55 @@ void rs_hold_fill(rs_conn *c)
         rs_unlock(&o->rx.lock);
     }
     rs_unlock(&live.lock);
+}
+
+/* The holder thread: fills the holds of connections whose producer waits for credit and
+ * whose consumer has not moved for a look.  Ends when no connection it could help is left
+ * (rs_hold_list starts another). */
+static void *holder_run(void *arg)
+{
+    (void)arg;
+    unsigned ms = HOLDER_BUSY_MS;
+    for (;;) {
+        struct timespec ts = { 0, (long)ms * 1000000L };
+        nanosleep(&ts, NULL);
+        int candidates = 0, waiting = 0;
+        rs_lock(&live.lock);
+        for (rs_conn *o = live.head; o; o = o->live_next) {
+            if (!hold_applies(o)) continue;
+            candidates = 1;
+            /* Half a ring unread: its producer waits, or soon will. */
+            uint64_t took = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED);
+            if (o->ops->peer_posted(o) - took < o->ring_size / 2) { o->rx.hold_seen = took - 1; continue; }
+            waiting = 1;
+            if (took == o->rx.hold_seen && rs_trylock(&o->rx.lock)) {
+                fill_locked(o);
+                rs_unlock(&o->rx.lock);
+            }
+            o->rx.hold_seen = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED);
+        }
+        if (!candidates) live.holder = 0;
+        rs_unlock(&live.lock);
+        if (!candidates) return NULL;
+        ms = waiting ? HOLDER_BUSY_MS : ms * 2 > HOLDER_IDLE_MS ? HOLDER_IDLE_MS : ms * 2;
+    }
+}
+
+/* Caller holds live.lock.  The thread takes no signal of the program's (they go to its
+ * own threads, as they would without us). */
+static void holder_start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_attr_t a;
+    if (pthread_attr_init(&a)) return;
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 64 << 10);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    if (pthread_create(&t, &a, holder_run, NULL) == 0) live.holder = 1;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
 }
 
 /* Copies up to len held bytes (caller holds rx.lock); with peek they stay. */

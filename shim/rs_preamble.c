@@ -212,14 +212,19 @@ int rs_pre_settle(rs_conn *c)
 {
     if (!RS_GET(c->rx.pre.active)) return 1;
     if (!rs_trylock(&c->rx.lock)) return 0;            /* a reader is at it: it will see SWITCH */
+    int over = rs_pre_settle_locked(c);
+    rs_unlock(&c->rx.lock);
+    return over;
+}
+
+int rs_pre_settle_locked(rs_conn *c)
+{
     if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err)) {
         uint8_t h[RS_PRE_HDR];
         long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
         if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
     }
-    int over = !c->rx.pre.active;
-    rs_unlock(&c->rx.lock);
-    return over;
+    return !c->rx.pre.active;
 }
 
 /* Before a server closes a connection whose preamble it never read to the end: the

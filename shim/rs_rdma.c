@@ -86,6 +86,7 @@ struct rs_rdma {
     uint8_t  data_armed;         /* consumer: a sync proved the producer rings for the next record */
     uint8_t  credit_armed;       /* producer: likewise for credit */
     uint64_t credit_probe_at;    /* producer, credit_armed: when the quiet wait probes the link */
+    uint64_t credit_armed_at;    /* producer: the credit (tx.head_seen) it had when it armed */
     uint8_t  failed;
     uint8_t  silent;             /* a RESYNC frame is going out: no more doorbell bytes */
     struct ibv_send_wr wr[BATCH];
@@ -435,7 +436,10 @@ static int rdma_arm_credit(rs_conn *c)
     struct rs_rdma *r = c->rdma;
     rdma_refresh_credit(c);
     if (r->failed) return 0;
-    if (r->credit_armed) {
+    /* Armed, and no credit since: the request stands.  Credit that came (its bell may sit
+     * unread on the socket while we only write) ends that episode: a new one asks again,
+     * with our words, so the consumer (or its holder, rs_hold.c) sees that we wait. */
+    if (r->credit_armed && c->tx.head_seen == r->credit_armed_at) {
         check_cq(c);                                  /* a producer that only waits notices failures */
         if (r->failed || rs_now_ns() < r->credit_probe_at) return 0;
     } else {
@@ -444,6 +448,7 @@ static int rdma_arm_credit(rs_conn *c)
     if (sync_peer(c) < 0) return 1;                   /* the write reports the error */
     rs_take_credit(c, __atomic_load_n(&r->sync->rx_head, __ATOMIC_ACQUIRE));
     r->credit_armed = 1;
+    r->credit_armed_at = c->tx.head_seen;
     r->credit_probe_at = rs_now_ns() + CREDIT_PROBE_MS * 1000000ull;
     return 0;
 }
@@ -467,6 +472,11 @@ static void rdma_publish_credit(rs_conn *c, int force)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);          /* rx_head store before the tx_wait_seq load */
     tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
     answer(c, RS_BELL_CREDIT, &r->credit_answered, tw);
+}
+
+static uint64_t rdma_peer_posted(rs_conn *c)
+{
+    return __atomic_load_n(&c->rdma->mirror->tx_bytes, __ATOMIC_RELAXED);
 }
 
 /* Reads the doorbell bytes that are there, up to a RESYNC frame: that and what follows
@@ -581,6 +591,7 @@ const struct rs_transport rs_transport_rdma = {
     .flush = rdma_flush,
     .arm_credit = rdma_arm_credit,
     .unread_at_peer = rs_tx_credit_unread,
+    .peer_posted = rdma_peer_posted,
     .check_peer = rdma_check_peer,
     .silence = rdma_silence,
     .publish_credit = rdma_publish_credit,

@@ -315,6 +315,9 @@ static void shm_quiesce(rs_conn *c)
 /* Producer with a full ring, before it sleeps (caller holds tx_lock). */
 static int shm_arm_credit(rs_conn *c)
 {
+    /* what we put in, for a holder that looks at rings nobody reads (rs_hold.c); kept
+     * only here, off the path of a ring with room */
+    __atomic_store_n(&c->tx.ctl->tx_bytes, c->tx.bytes, __ATOMIC_RELAXED);
     __atomic_store_n(&c->tx.ctl->tx_waiting, 1, __ATOMIC_SEQ_CST);
     return rs_tx_writable_locked(c);
 }
@@ -352,6 +355,11 @@ static int shm_unread_at_peer(rs_conn *c)
     return __atomic_load_n((uint32_t *)(c->tx.ring + (c->tx.last_data & c->mask)), __ATOMIC_ACQUIRE) != 0;
 }
 
+static uint64_t shm_peer_posted(rs_conn *c)
+{
+    return __atomic_load_n(&c->rx.ctl->tx_bytes, __ATOMIC_RELAXED);
+}
+
 static void nothing(rs_conn *c) { (void)c; }
 
 const struct rs_transport rs_transport_shm = {
@@ -363,6 +371,7 @@ const struct rs_transport rs_transport_shm = {
     .flush = shm_flush,
     .arm_credit = shm_arm_credit,
     .unread_at_peer = shm_unread_at_peer,
+    .peer_posted = shm_peer_posted,
     .check_peer = nothing,                      /* the peer's MOVED record comes through the ring */
     .silence = nothing,                         /* its bells stop at our tx.move.state (credit_bell) */
     .publish_credit = shm_publish_credit,

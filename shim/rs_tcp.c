@@ -22,6 +22,8 @@ static int none(rs_conn *c) { (void)c; return 0; }
 static void no_credit(rs_conn *c, int force) { (void)c; (void)force; }
 static void no_bells(rs_conn *c, int on) { (void)c; (void)on; }
 
+static uint64_t nothing_posted(rs_conn *c) { (void)c; return 0; }
+
 const struct rs_transport rs_transport_tcp = {
     .name = "tcp",
     .id = RS_TRANSPORT_TCP,
@@ -36,6 +38,7 @@ const struct rs_transport rs_transport_tcp = {
     .nonblock_empty = none,
     .tidy = nothing,
     .bell_every = no_bells,
+    .peer_posted = nothing_posted,
     .quiesce = nothing,
     .closed = nothing,
     .after_fork_child = nothing,

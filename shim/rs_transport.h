@@ -61,6 +61,9 @@ struct rs_transport {
     int  (*nonblock_empty)(struct rs_conn *c);          /* a non-blocking receive found nothing */
     void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
     void (*bell_every)(struct rs_conn *c, int on);      /* the program takes SIGIO (O_ASYNC) or not */
+    uint64_t (*peer_posted)(struct rs_conn *c);         /* payload bytes the producer says it put
+                                                         * into our ring (no lock; a hint for the
+                                                         * holder, rs_hold.c) */
 
     /* The connection. */
     void (*quiesce)(struct rs_conn *c);                 /* before our FIN: no doorbell asked, none unread */

@@ -99,7 +99,7 @@ struct rs_dir_ctl {
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
     uint8_t  pad0[64 - 32];
     /* written by the producer (sender of this direction) */
-    uint64_t tx_bytes;      /* payload bytes published into the ring so far */
+    uint64_t tx_bytes;      /* payload bytes published into the ring, as of the last wait for credit */
     uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */
     uint32_t tx_waiting;    /* producer is blocked on a full ring, wants a credit doorbell */
     uint32_t tx_cpu;        /* advisory: 1 + the CPU the producer last ran on (0 unknown) */

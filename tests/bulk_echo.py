@@ -9,11 +9,19 @@ Each role runs with plain sockets ("plain", or under the preload library when st
                                            UPSTREAM, both directions at once (a thread each,
                                            blocking sendall: the proxy stops reading one
                                            side while the other does not take its bytes)
-  bulk_echo.py client MODE PORT SIZE [duplex]
+  bulk_echo.py away MODE SECONDS           prints "port N"; an echo server that greets
+                                           each client with "!", then stays away from its
+                                           sockets SECONDS (as a program that computes or
+                                           sleeps): the client's bytes must be taken in
+                                           meanwhile, as TCP's kernel does
+  bulk_echo.py client MODE PORT SIZE [duplex|away]
                                            writes SIZE bytes before reading anything, then
                                            reads the echo and checks it byte for byte (duplex:
-                                           a second thread reads while the first writes).
-                                           Prints one JSON line; exit 0 iff it matched.
+                                           a second thread reads while the first writes;
+                                           away: reads the greeting first, so an upgraded
+                                           connection is on its ring before it writes).
+                                           Prints one JSON line ("written": seconds until
+                                           all was sent); exit 0 iff it matched.
 
 Every socket has a 120 s timeout, so a deadlock ends as a failure, not a hang.
 BULK_ECHO_CHUNK in the environment sets the most bytes read (and echoed) at once.
@@ -114,7 +122,7 @@ def read_all(s, got):
         got += d
 
 
-def client(mode, port, size, duplex):
+def client(mode, port, size, duplex, greeted):
     data = pattern(size)
     s = make_socket(mode)
     s.settimeout(TIMEOUT)
@@ -126,7 +134,11 @@ def client(mode, port, size, duplex):
     try:
         if duplex:
             reader.start()
+        if greeted and s.recv(1) != b"!":
+            raise OSError("no greeting")
+        t_write = time.monotonic()
         s.sendall(data)                        # without duplex nothing is read until all is out
+        out["written"] = round(time.monotonic() - t_write, 3)
         s.shutdown(socket.SHUT_WR)
         if duplex:
             reader.join(TIMEOUT)
@@ -153,8 +165,11 @@ def main(argv):
         serve_forever(listen(mode), echo)
     elif role == "proxy":
         proxy(mode, int(argv[3]))
+    elif role == "away":
+        away = float(argv[3])
+        serve_forever(listen(mode), lambda c: (c.sendall(b"!"), time.sleep(away), echo(c)))
     elif role == "client":
-        return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"])
+        return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"], argv[5:] == ["away"])
     return 2
 
 

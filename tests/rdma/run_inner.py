@@ -16,7 +16,8 @@ Cases (`--only a,b`):
   prog_curl      curl in rs-h2 fetches 100 MB from python3 -m http.server in rs-h1, rdma (programs.py, VM)
   prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
   sock_*         rdmasock sockets over rdma: faults, link down, credit probe, dead peer (sockets.py)
-  write_first    write-before-read echo (1, 4 MiB), through a proxy, 64 MiB duplex, over rdma (bulk_echo.py)
+  write_first    write-before-read echo (1, 4 MiB), through a proxy, 64 MiB duplex, to a server
+                 away from its sockets, over rdma (bulk_echo.py)
 """
 import argparse
 import json
@@ -147,6 +148,9 @@ def do_api_stream():
                  os.path.join(os.path.dirname(HERE), "test_stream_property.py")]], 400, env)
 
 
+AWAY = 4          # seconds the write_first "away" server keeps away from its sockets
+
+
 def do_write_first():
     """Write-before-read traffic over rdma (tests/bulk_echo.py), the shapes of
     tests/test_bulk_flow.py: a client writes 1 or 4 MiB before it reads to an echo server
@@ -154,9 +158,14 @@ def do_write_first():
     reading; the same through a proxy relaying both ways at once; 64 MiB written while a
     second thread reads.  Each writer, waiting for room, takes what its own receive ring
     has into memory (shim/rs_hold.c), as a TCP socket's kernel would; every connection
-    stays rdma.  Plain TCP runs first, for comparison."""
+    stays rdma.  And a client that writes 1 MiB to a server that stays away from its
+    sockets for AWAY seconds: the server's holder thread takes the bytes in, so the write
+    is done before the server is back.  Plain TCP runs first, for comparison."""
     prog = os.path.join(os.path.dirname(HERE), "bulk_echo.py")
     outs, ok = [], True
+    for name in ("tcp_rmem", "tcp_wmem"):
+        with open("/proc/sys/net/ipv4/" + name) as f:
+            outs.append("%s: %s" % (name, f.read().strip()))
 
     def argv(mode, *args):
         if mode == "plain":
@@ -181,6 +190,9 @@ def do_write_first():
              for size in (1 * MiB, 4 * MiB)]
     runs += [("api", "api", 4 * MiB, "proxy"), ("preload", "preload", 4 * MiB, "proxy"),
              ("preload", "preload", 64 * MiB, "duplex")]
+    # a server away from its sockets for AWAY s: the client's 1 MiB (four rings; within what
+    # the guest's TCP takes in, with its small tcp_rmem/tcp_wmem) is in before it is back
+    runs += [(m, m, 1 * MiB, "away") for m in ("plain", "api", "preload")]
     for smode, cmode, size, shape in runs:
         name = "%s server, %s client, %d MiB%s" % (smode, cmode, size // MiB, " " + shape if shape else "")
         log_file = "/tmp/write_first.log"
@@ -189,16 +201,18 @@ def do_write_first():
         env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file})
         procs = []
         try:
-            srv, port = start(smode, env, "server")
+            srv, port = start(smode, env, *(("away", str(AWAY)) if shape == "away" else ("server",)))
             procs.append(srv)
             if shape == "proxy":
                 prx, port = start(smode, env, "proxy", port)
                 procs.append(prx)
             t0 = time.monotonic()
-            r = subprocess.run(argv(cmode, "client", port, str(size)) + (["duplex"] if shape == "duplex" else []),
+            r = subprocess.run(argv(cmode, "client", port, str(size)) + ([shape] if shape in ("duplex", "away") else []),
                                cwd=HERE, capture_output=True, text=True, env=env, timeout=300)
             took, detail = time.monotonic() - t0, r.stdout.strip() + r.stderr.strip()
             good = r.returncode == 0 and '"ok": true' in r.stdout and not r.stderr
+            if good and shape == "away":
+                good = json.loads(r.stdout.strip().splitlines()[-1])["written"] < AWAY
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             took, detail, good = 0.0, str(exc), False
         finally:

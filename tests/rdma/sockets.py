@@ -292,7 +292,9 @@ def role_waiter(host, port):
     result(**out)
 
 
-PROBE_TOTAL = 4 << 20
+# More than the reader takes in while it does not read (its ring, and its holder's
+# tcp_wmem maximum + tcp_rmem default, shim/rs_hold.c): the sender ends up blocked.
+PROBE_TOTAL = 16 << 20
 
 
 def role_filler(bind, port):
