@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,18 +72,25 @@ static uint64_t tcp_mem_field(const char *path, int k)
 }
 
 /* What TCP queues for one direction whose receiver does not read: the sender's buffer
- * (it grows to the tcp_wmem maximum) and the receiver's as it starts (the tcp_rmem
- * default: the window grows only as the program reads). */
-static uint64_t hold_limit(void)
+ * (it grows to the tcp_wmem maximum) and the receiver's: SO_RCVBUF as the kernel reports
+ * it for our socket, which is the tcp_rmem default until the program reads (the window
+ * grows only then) or what the program set. */
+static uint64_t hold_limit(rs_conn *c)
 {
-    static uint64_t limit;
-    uint64_t l = __atomic_load_n(&limit, __ATOMIC_RELAXED);
-    if (l) return l;
-    l = tcp_mem_field("/proc/sys/net/ipv4/tcp_wmem", 2) + tcp_mem_field("/proc/sys/net/ipv4/tcp_rmem", 1);
-    if (!l) l = RS_HOLD_DEFAULT;
-    if (l > (1ull << 31)) l = 1ull << 31;
-    __atomic_store_n(&limit, l, __ATOMIC_RELAXED);
-    return l;
+    static uint64_t wmem;
+    uint64_t w = __atomic_load_n(&wmem, __ATOMIC_RELAXED);
+    if (!w) {
+        w = tcp_mem_field("/proc/sys/net/ipv4/tcp_wmem", 2);
+        if (!w) w = RS_HOLD_DEFAULT;
+        __atomic_store_n(&wmem, w, __ATOMIC_RELAXED);
+    }
+    int rcvbuf = 0;
+    socklen_t len = sizeof rcvbuf;
+    int fd = rs_fd_enter(c);
+    if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) < 0 || rcvbuf < 0) rcvbuf = 0;
+    rs_fd_leave(c);
+    uint64_t l = w + (uint64_t)rcvbuf;
+    return l > (1ull << 31) ? 1ull << 31 : l;
 }
 
 /* Room for `want` more bytes after the held ones (caller holds rx.lock): what fits. */
@@ -187,7 +195,7 @@ void rs_hold_unlist(rs_conn *c)
 static void fill_locked(rs_conn *c)
 {
     struct rs_rx *x = &c->rx;
-    uint64_t limit = hold_limit();
+    uint64_t limit = hold_limit(c);
     /* A server's ring comes after the client's preamble: only its SWITCH may be read off
      * here (bytes the client wrote before our answer are the program's to read first). */
     if (x->pre.active && !rs_pre_settle_locked(c)) return;

@@ -297,3 +297,51 @@ def test_server_poll_says_writable_only_with_room_while_the_client_is_quiet(tmp_
     assert out["sent"] == 8 << 20
     assert out["spurious"] < 100, out        # 150,000 when the kernel's POLLOUT was taken as is
     assert "transport=shm" in open(log).read()
+
+
+HIGHEST_FD_PROG = r"""
+import hashlib, os, resource, socket, threading
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+top = hard - 1                                     # the highest number this process may have
+srv = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"a")
+assert s.recv(1) == b"a"                           # both ends on the ring now
+os.dup2(c.fileno(), top)
+c.close()                                          # the connection lives only at `top`
+hi = socket.socket(fileno=top)
+data = os.urandom(3 << 20)
+got = bytearray()
+def read():
+    while len(got) < len(data):
+        got.extend(s.recv(1 << 20))
+t = threading.Thread(target=read)
+t.start()
+hi.sendall(data)
+t.join(60)
+s.sendall(data[::-1])
+back = bytearray()
+while len(back) < len(data):
+    back.extend(hi.recv(1 << 20))
+hi.close()
+assert s.recv(1) == b""                            # the close at `top` ended the stream
+print("ok", top, bytes(got) == data, bytes(back) == data[::-1])
+"""
+
+
+def test_upgraded_connection_at_the_highest_descriptor(tmp_path):
+    """Any descriptor number works: an upgraded connection moved (dup2) to the highest
+    number RLIMIT_NOFILE's hard limit allows carries 3 MiB each way on the ring and ends
+    with its close.  Had the library lost track of it there, its bytes would reach the
+    peer's ring reader raw, as garbage."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    log = str(tmp_path / "log")
+    r = subprocess.run(RUN + ["/usr/bin/python3", "-c", HIGHEST_FD_PROG], capture_output=True, text=True,
+                       env=_env(log), timeout=120)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert r.stdout.split() == ["ok", str(hard - 1), "True", "True"], r.stdout
+    lines = open(log).read().splitlines()
+    assert sum("transport=shm" in line for line in lines) == 2 and "transport=tcp" not in " ".join(lines), lines

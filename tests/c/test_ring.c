@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "rs_conn.h"
+#include "rs_fdmap.h"
 
 /* ---- checks ------------------------------------------------------------------------ */
 
@@ -1560,6 +1561,50 @@ static void t_holder(void)
     pair_close(&p);
 }
 
+/* ---- the descriptor map (shim/rs_fdmap.c) --------------------------------------------- */
+
+static void fdmap_count(int fd, void *p, void *arg)
+{
+    int *seen = arg;
+    CHECK((intptr_t)p == fd + 1, "entry %d holds %p", fd, p);
+    seen[0]++;
+    CHECK(fd > seen[1], "rs_fdmap_each went from %d back to %d", seen[1], fd);
+    seen[1] = fd;
+}
+
+/* Any descriptor number: entries up to 1,048,575 (and on to the map's limit) are stored
+ * and found, numbers never stored cost no memory and read empty, and what cannot be held
+ * says so. */
+static void t_fdmap(void)
+{
+    static struct rs_fdmap m = RS_FDMAP_INIT;
+    static const int fds[] = { 0, 1, 1023, 1024, 1025, 65535, 65536, 65537, 19999, 524287, 1048575, 1048576,
+                               (int)RS_FDMAP_MAX - 1 };
+    int n = (int)(sizeof fds / sizeof fds[0]);
+    for (int i = 0; i < n; i++) CHECK(rs_fdmap_get(&m, fds[i]) == NULL, "fd %d set before any store", fds[i]);
+    for (int i = 0; i < n; i++)
+        CHECK(rs_fdmap_swap(&m, fds[i], (void *)(intptr_t)(fds[i] + 1)) == NULL, "storing at fd %d", fds[i]);
+    for (int i = 0; i < n; i++) {
+        CHECK((intptr_t)rs_fdmap_get(&m, fds[i]) == fds[i] + 1, "fd %d reads %p", fds[i], rs_fdmap_get(&m, fds[i]));
+        int next = fds[i] + 3;                       /* a neighbour never stored (none of fds[] is 3 apart) */
+        CHECK(rs_fdmap_get(&m, next) == NULL, "fd %d, never stored, reads %p", next, rs_fdmap_get(&m, next));
+    }
+    int seen[2] = { 0, -1 };
+    rs_fdmap_each(&m, fdmap_count, seen);
+    CHECK_EQ(seen[0], n);
+    /* a lookup of a number in a range never stored does not allocate */
+    CHECK(rs_fdmap_get(&m, 700000) == NULL && rs_fdmap_slot(&m, 700000) == NULL, "an unstored range has a leaf");
+    CHECK(rs_fdmap_swap(&m, 700000, NULL) == NULL && rs_fdmap_slot(&m, 700000) == NULL, "clearing allocated");
+    CHECK(rs_fdmap_swap(&m, (int)RS_FDMAP_MAX, (void *)1) == RS_FDMAP_FAIL, "a number past the map");
+    CHECK(rs_fdmap_swap(&m, -1, (void *)1) == RS_FDMAP_FAIL, "a negative number");
+    CHECK(rs_fdmap_get(&m, -1) == NULL && rs_fdmap_get(&m, (int)RS_FDMAP_MAX) == NULL, "reads outside the map");
+    for (int i = 0; i < n; i++)
+        CHECK((intptr_t)rs_fdmap_swap(&m, fds[i], NULL) == fds[i] + 1, "removing fd %d", fds[i]);
+    seen[0] = 0, seen[1] = -1;
+    rs_fdmap_each(&m, fdmap_count, seen);
+    CHECK_EQ(seen[0], 0);
+}
+
 /* The peer that spills is not trusted: a SPILL record with a bad count, garbage where its
  * mark should be, a mark with a wrong check, and a socket that ends inside the spilled
  * bytes are each EPROTO, after the bytes that came intact before them. */
@@ -2993,6 +3038,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "hold_then_move", t_hold_then_move },
     { "hold_for_others", t_hold_for_others },
     { "holder", t_holder },
+    { "fdmap", t_fdmap },
     { "doorbell_garbage_traffic", t_doorbell_garbage_traffic },
     { "doorbell_garbage_idle", t_doorbell_garbage_idle },
     { "peer_gone_behind_bells", t_peer_gone_behind_bells },
