@@ -28,7 +28,6 @@ _RBUF_SIZE = 65536
 _EINTR = -errno.EINTR
 _PLAIN = lib.RS_API_PLAIN
 _CMSGHDR = struct.Struct("@Nii")        # struct cmsghdr: cmsg_len, cmsg_level, cmsg_type
-_SO_TIMESTAMPING = 37                   # <asm-generic/socket.h>; the socket module has no name for it
 _VIRTUAL_TCP_OPTS = (_socket.TCP_NODELAY, _socket.TCP_CORK)   # kept off on a doorbell socket
 _rs_send, _rs_recv = lib.rs_api_send, lib.rs_api_recv      # bound once: the per-call path stays short
 _from_buffer, _unpack = ffi.from_buffer, ffi.unpack
@@ -108,14 +107,11 @@ def _forget(s, inode, fd, release):
 
 def _tx_stamps_asked(level, name, value):
     """True if this option or control message asks for transmit timestamps, which the
-    kernel makes only on its own path of the bytes (reason tx_timestamps)."""
-    if level != _socket.SOL_SOCKET or name != _SO_TIMESTAMPING:
-        return False
-    if isinstance(value, int):
-        return lib.rs_tx_stamps_asked(level, name, struct.pack("@i", value), 4) != 0
+    kernel makes only on its own path of the bytes (reason tx_timestamps; the test is
+    shim/rs_sock.c's)."""
     try:
-        raw = bytes(value)
-    except TypeError:
+        raw = struct.pack("@i", value) if isinstance(value, int) else bytes(value)
+    except (TypeError, struct.error):
         return False                    # the kernel's own call reports what is wrong with it
     return lib.rs_tx_stamps_asked(level, name, raw, len(raw)) != 0
 
@@ -272,7 +268,7 @@ class socket(_base):
                 msg = "rdmasock: handshake failed: %s (%s)" % (reasons.REASONS[s.reason][1], why)
                 if e == errno.EPROTO:
                     raise HandshakeError(why, msg)
-        raise OSError(e, msg) if e not in _ERRCLS else _ERRCLS[e](e, msg)
+        raise OSError(e, msg)                # OSError picks the subclass (ConnectionResetError...)
 
     # ---- connection set-up ---------------------------------------------------------
 
@@ -281,7 +277,7 @@ class socket(_base):
             return _base.connect(self, address)
         infos = _socket.getaddrinfo(address[0], address[1], self.family, _socket.SOCK_STREAM)
         sockaddr = infos[0][4] if infos else address
-        handle = engine.plan_connect(self.fileno(), lambda family: sockaddr)
+        handle = engine.plan_connect(self.fileno(), sockaddr)
         try:
             _base.connect(self, sockaddr)
         except (BlockingIOError, InterruptedError):
@@ -297,7 +293,7 @@ class socket(_base):
             err = _base.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ERROR)
             if err:
                 engine.drop(handle)
-                raise OSError(err, os.strerror(err)) if err not in _ERRCLS else _ERRCLS[err](err, os.strerror(err))
+                raise OSError(err, os.strerror(err))
         except BaseException:
             if handle > 0:
                 engine.drop(handle)
@@ -686,14 +682,6 @@ def _writable(fd, seconds):
         return bool(p.poll(int(seconds * 1000)))
     except InterruptedError:
         return False
-
-
-_ERRCLS = {
-    errno.ECONNRESET: ConnectionResetError,
-    errno.EPIPE: BrokenPipeError,
-    errno.ECONNABORTED: ConnectionAbortedError,
-    errno.ECONNREFUSED: ConnectionRefusedError,
-}
 
 
 def fromfd(fd, family, type, proto=0):

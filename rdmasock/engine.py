@@ -108,14 +108,14 @@ def unlisten(handle):
 def connect_plan(fd, sockaddr_bytes):
     """Before the application's connect: offer an upgrade?  Returns a handle, or -reason
     code (plain TCP; logged by plain() once connected)."""
-    return plan_connect(fd, lambda family: _socket_address(family, sockaddr_bytes))
+    import struct
+    return plan_connect(fd, _socket_address(struct.unpack_from("=H", sockaddr_bytes)[0], sockaddr_bytes))
 
 
-def plan_connect(fd, address_of):
-    """connect_plan for an address address_of(family) gives: (host, port[, ...])."""
+def plan_connect(fd, addr):
+    """connect_plan for an address tuple (host, port[, flowinfo, scope])."""
     s = AppSocket(fd)
     try:
-        addr = address_of(s.family)
         reason, marker, reserved = upgrade.plan_client(s, s.family, addr)
     except BaseException:
         s.close()

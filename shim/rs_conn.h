@@ -105,7 +105,7 @@ struct rs_rx {
     size_t   hold_off, hold_cap;
     uint64_t hold_len;        /* held bytes not yet read (read unlocked: atomic) */
     uint64_t held;            /* stream bytes that went through the hold (relaxed) */
-    uint64_t hold_seen;       /* rx.pos when the holder thread last looked (rs_hold.c) */
+    uint64_t hold_seen;       /* rx.bytes when the holder thread last looked (rs_hold.c) */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half

@@ -25,8 +25,8 @@
  * sleeps, or waits on a pipe, a lock or a plain TCP socket), a thread of ours (the holder)
  * looks every 10 ms at the connections with half a ring or more unread (their producer
  * waits for credit, or soon will): one whose consumer has not moved since its last look
- * is filled.  It runs only while such
- * connections exist, and looks less often (up to every 200 ms) while none waits.
+ * is filled.  It runs only while such connections exist, and looks less often (up to
+ * every 200 ms) while no ring is that full.
  *
  * The hold belongs to the receive side (rx.lock).  The writer decides under tx.lock that
  * it is due and fills it after letting tx.lock go (the lock order is rx.lock first).
@@ -137,8 +137,9 @@ int rs_hold_recheck_ms(rs_conn *c)
     return __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ? 1 : (int)(RS_HOLD_AFTER_NS / 1000000u);
 }
 
-/* The process's connections, for the writer that fills others' holds.  A connection
- * leaves the list before it is freed, under the list's lock, which the filler holds. */
+/* The process's connections where the hold applies, for the writer that fills others'
+ * holds and for the holder.  A connection leaves the list before it is freed, under the
+ * list's lock, which the fillers hold. */
 struct rs_live { rs_lock_t lock; rs_conn *head; int holder; };   /* holder: its thread runs */
 static struct rs_live live;
 
@@ -165,7 +166,7 @@ static void live_init(void) { pthread_atfork(live_before_fork, live_after_fork_p
 void rs_hold_list(rs_conn *c)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    if (c->live) return;
+    if (c->live || !hold_applies(c)) return;
     pthread_once(&once, live_init);
     rs_lock(&live.lock);
     c->live = &live;
@@ -173,7 +174,7 @@ void rs_hold_list(rs_conn *c)
     c->live_next = live.head;
     if (live.head) live.head->live_prev = c;
     live.head = c;
-    if (!live.holder && hold_applies(c)) holder_start();
+    if (!live.holder) holder_start();
     rs_unlock(&live.lock);
 }
 
@@ -195,12 +196,12 @@ void rs_hold_unlist(rs_conn *c)
 static void fill_locked(rs_conn *c)
 {
     struct rs_rx *x = &c->rx;
-    uint64_t limit = hold_limit(c);
     /* A server's ring comes after the client's preamble: only its SWITCH may be read off
      * here (bytes the client wrote before our answer are the program's to read first). */
     if (x->pre.active && !rs_pre_settle_locked(c)) return;
-    if (!x->pre.active && !x->move.state && !x->spill_state && !x->fin_seen && !x->shut_rd &&
-        !RS_GET(c->err) && x->hold_len < limit) {
+    if (x->move.state || x->spill_state || x->fin_seen || x->shut_rd || RS_GET(c->err)) return;
+    uint64_t limit = hold_limit(c);
+    if (x->hold_len < limit) {
         size_t want = limit - x->hold_len < c->ring_size ? (size_t)(limit - x->hold_len) : c->ring_size;
         want = make_room(c, want);
         size_t n = want ? rs_rx_take_ring(c, x->hold + x->hold_off + x->hold_len, want) : 0;
@@ -214,7 +215,7 @@ static void fill_locked(rs_conn *c)
 }
 
 /* Our own receive ring into the hold, then those of the process's other connections
- * whose peers cannot spill either (caller holds no lock). */
+ * where the hold applies (caller holds no lock). */
 void rs_hold_fill(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
@@ -222,16 +223,16 @@ void rs_hold_fill(rs_conn *c)
     rs_unlock(&c->rx.lock);
     rs_lock(&live.lock);
     for (rs_conn *o = live.head; o; o = o->live_next) {
-        if (o == c || !hold_applies(o) || !rs_trylock(&o->rx.lock)) continue;
+        if (o == c || !rs_trylock(&o->rx.lock)) continue;
         fill_locked(o);
         rs_unlock(&o->rx.lock);
     }
     rs_unlock(&live.lock);
 }
 
-/* The holder thread: fills the holds of connections whose producer waits for credit and
- * whose consumer has not moved for a look.  Ends when no connection it could help is left
- * (rs_hold_list starts another). */
+/* The holder thread: fills the holds of connections with half a ring or more unread
+ * whose consumer has not moved for a look.  Ends when the list is empty (rs_hold_list
+ * starts another). */
 static void *holder_run(void *arg)
 {
     (void)arg;
@@ -239,11 +240,9 @@ static void *holder_run(void *arg)
     for (;;) {
         struct timespec ts = { 0, (long)ms * 1000000L };
         nanosleep(&ts, NULL);
-        int candidates = 0, waiting = 0;
+        int waiting = 0;
         rs_lock(&live.lock);
         for (rs_conn *o = live.head; o; o = o->live_next) {
-            if (!hold_applies(o)) continue;
-            candidates = 1;
             /* Half a ring unread: its producer waits, or soon will. */
             uint64_t took = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED);
             if (o->ops->peer_posted(o) - took < o->ring_size / 2) { o->rx.hold_seen = took - 1; continue; }
@@ -254,9 +253,10 @@ static void *holder_run(void *arg)
             }
             o->rx.hold_seen = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED);
         }
-        if (!candidates) live.holder = 0;
+        int last = !live.head;
+        if (last) live.holder = 0;
         rs_unlock(&live.lock);
-        if (!candidates) return NULL;
+        if (last) return NULL;
         ms = waiting ? HOLDER_BUSY_MS : ms * 2 > HOLDER_IDLE_MS ? HOLDER_IDLE_MS : ms * 2;
     }
 }

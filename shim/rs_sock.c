@@ -202,7 +202,9 @@ static void use_fd(struct rs_sock *s, int fd)
     if (s->conn) rs_conn_move_fd(s->conn, fd);
 }
 
-void rs_sock_release_fd(struct rs_sock *s, int fd)
+/* fd's hold ends.  fd_open: the number is still the socket's (the caller closes it next);
+ * else it is closed already and may be another file's: nothing of ours may use it. */
+static void drop_hold(struct rs_sock *s, int fd, int fd_open)
 {
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->nfds; i++)
@@ -210,6 +212,8 @@ void rs_sock_release_fd(struct rs_sock *s, int fd)
     if (s->fd == fd && !s->own_fd) {
         if (s->nfds) {
             use_fd(s, s->fds[0]);                   /* another number of the application */
+        } else if (!fd_open) {
+            use_fd(s, -1);
         } else if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) & CALLS) {
             /* A call is still inside: it keeps the socket, as the kernel's would, on a
              * duplicate of our own (the application's number may be reused at once). */
@@ -222,15 +226,8 @@ void rs_sock_release_fd(struct rs_sock *s, int fd)
     if (__atomic_sub_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL) == 0) destroy(s);
 }
 
-void rs_sock_abandon_fd(struct rs_sock *s, int fd)
-{
-    pthread_mutex_lock(&s->lock);
-    for (int i = 0; i < s->nfds; i++)
-        if (s->fds[i] == fd) { s->fds[i] = s->fds[--s->nfds]; break; }
-    if (s->fd == fd && !s->own_fd) use_fd(s, s->nfds ? s->fds[0] : -1);
-    pthread_mutex_unlock(&s->lock);
-    if (__atomic_sub_fetch(&s->refs, HOLD, __ATOMIC_ACQ_REL) == 0) destroy(s);
-}
+void rs_sock_release_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 1); }
+void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
 
 void rs_sock_mark_all_forked(void)
 {
