@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from . import servers as S
 
 
@@ -235,9 +237,10 @@ class RowGroup:
         self.d = {"name": name, "placement": placement}
         self.rows = rows
 
-    def add(self, values, transport):
+    def add(self, values, transport, cpu_us=None):
+        """cpu_us: CPU per operation of the whole run (all its rows' operations together)."""
         for k, row in self.rows.items():
-            row.add(values[k], transport)
+            row.add(values[k], transport, cpu_us)
 
     def fail(self, err):
         for row in self.rows.values():
@@ -253,20 +256,37 @@ def children_cpu_s():
     return ru.ru_utime + ru.ru_stime
 
 
+_servers = []        # running servers (server_pair): their CPU counts in every run's cpu_us
+
+
+def servers_cpu_s():
+    """User + system CPU seconds of every running server's processes, with what the ones
+    that ended (PostgreSQL backends) left in their parents' children times."""
+    total = 0.0
+    for srv in _servers:
+        for pid in srv.pids():
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+    return total
+
+
 def run_variants(bench, variants, reps, fmt):
     """Runs every (row, fn) variant reps times, interleaved (rep 1 of all, then rep 2, ...);
     fn() returns (value, transport) or (value, transport, operations): then the CPU time of
-    every process the run started and waited for (both ends, start-up included), per
-    operation, goes into the row's cpu_us.  A failed run is recorded in its row and the
+    every process the run started and waited for and of the running servers (both ends,
+    start-up included), per operation, goes into the row's cpu_us.  A failed run is recorded in its row and the
     rest go on.  Returns the finished row dicts."""
     prog = Progress(bench, len(variants) * reps)
     for rep in range(reps):
         for row, fn in variants:
             what = "rep %d %s [%s]" % (rep + 1, row.d["name"], row.d["placement"])
             try:
-                cpu0 = children_cpu_s()
+                cpu0 = children_cpu_s() + servers_cpu_s()
                 v, tr, *ops = fn()
-                cpu = children_cpu_s() - cpu0
+                cpu = children_cpu_s() + servers_cpu_s() - cpu0
                 row.add(v, tr, cpu * 1e6 / ops[0] if ops and ops[0] else None)
                 prog.step("%s: %s (%s)" % (what, fmt(v), tr))
             except Exception as e:               # noqa: BLE001 - a failed run is recorded, the suite goes on
@@ -288,8 +308,11 @@ def server_pair(cls, impls, log_file, **kw):
     try:
         for impl in impls:
             servers[impl] = cls(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file, **kw).start()
+            _servers.append(servers[impl])
             log("%s (%s) on port %d, CPU %d" % (cls.name, impl, servers[impl].port, SERVER_CPU))
         yield servers
     finally:
         for srv in servers.values():
+            if srv in _servers:
+                _servers.remove(srv)
             srv.stop()

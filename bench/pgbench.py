@@ -18,7 +18,7 @@ def pg_init(srv, dbname, scale, preload, log_file):
 
 def pgbench_run(srv, dbname, opts, impl, cpu, log_file, wait=None):
     """One pgbench run (opts: -c/-j/-T/...) against srv, plain (impl "tcp") or preloaded, pinned
-    to cpu.  Returns (tps without initial connection time, transport verdict).
+    to cpu.  Returns (tps without initial connection time, transport verdict, transactions).
     wait: see S.run(while_running)."""
     mark = S.log_size(log_file)
     argv = S.pin(cpu) + S.preload_cmd([PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres"] + opts
@@ -30,7 +30,9 @@ def pgbench_run(srv, dbname, opts, impl, cpu, log_file, wait=None):
     if not m or not re.search(r"number of failed transactions: 0 ", out):
         raise RuntimeError("pgbench output unexpected: " + out[-800:] + res.stderr.decode(errors="replace")[-500:])
     conns = int(opts[opts.index("-c") + 1]) if "-c" in opts else 1
-    return float(m.group(1)), ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns))
+    done = re.search(r"^number of transactions actually processed: (\d+)", out, re.M)
+    return (float(m.group(1)), ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns)),
+            int(done.group(1)) if done else None)
 
 
 def bench_pgbench(args, ctx):
@@ -66,7 +68,7 @@ def bench_pgbench(args, ctx):
         targets += ratio_target(rows, "pgbench scale %d, 1 client >= 1.7x TCP best" % sc, TARGETS["pgbench_c1_vs_tcp"],
                                 scale=sc, clients=1)
     return {"rows": rows, "targets": targets,
-            "summary": ["synchronous_commit=off, fsync=off; server on CPU %d; pgbench -j 1 -T %d" % (SERVER_CPU,
-                                                                                                  duration)],
-            "columns": ["scale", "clients", "name", "placement", "median", "min", "max", "vs_tcp_best", "status"],
+            "summary": ["synchronous_commit=off, fsync=off; server on CPU %d; pgbench -j 1 -T %d; cpu_us: CPU time "
+                        "(user + system) of pgbench and both servers' processes per transaction" % (SERVER_CPU, duration)],
+            "columns": ["scale", "clients", "name", "placement", "median", "min", "max", "cpu_us", "vs_tcp_best", "status"],
             "title": "pgbench TPC-B, tps"}

@@ -16,7 +16,7 @@ def redis_requests(conns, quick):
 
 def redis_run(srv, tests, conns, n, impl, cpu, log_file, wait=None):
     """One `redis-benchmark -t TESTS -c conns -n n --csv` against srv, plain or preloaded, pinned
-    to cpu.  Returns ({TEST: requests/s}, transport verdict).  wait: see S.run(while_running)."""
+    to cpu.  Returns ({TEST: requests/s}, transport verdict, requests made).  wait: see S.run(while_running)."""
     mark = S.log_size(log_file)
     argv = S.pin(cpu) + S.preload_cmd([REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(srv.port), "-t",
                                        ",".join(tests), "-c", str(conns), "-n", str(n), "--csv"], impl == "rdmasock")
@@ -33,7 +33,8 @@ def redis_run(srv, tests, conns, n, impl, cpu, log_file, wait=None):
     if not want <= set(rates):
         raise RuntimeError("redis-benchmark output lacks %s:\n%s\n%s"
                            % (sorted(want - set(rates)), out[-1500:], res.stderr.decode(errors="replace")[-1000:]))
-    return {t: rates[t] for t in want}, ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns))
+    return ({t: rates[t] for t in want}, ("tcp" if impl == "tcp" else verdict(log_file, mark, srv.port, conns)),
+            n * len(want))
 
 
 def bench_redis(args, ctx):
@@ -64,8 +65,10 @@ def bench_redis(args, ctx):
     set_ratios(rows, "tcp", keys=("name", "conns"))
     targets = ratio_target(rows, "redis-benchmark GET -c 1 >= 2x TCP best", TARGETS["redis_get_c1_vs_tcp"],
                            name="GET", conns=1)
-    return {"rows": rows, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining" % (
+    return {"rows": rows, "summary": ["server on CPU %d; redis-benchmark -n %s, no pipelining; cpu_us: CPU time (user + "
+                                      "system) of redis-benchmark and both servers per request, all tests of a run "
+                                      "together" % (
                 SERVER_CPU, ",".join(str(redis_requests(c, args.quick)) for c in conns_list))],
             "targets": targets,
-            "columns": ["name", "conns", "placement", "impl", "median", "min", "max", "vs_tcp_best", "status"],
+            "columns": ["name", "conns", "placement", "impl", "median", "min", "max", "cpu_us", "vs_tcp_best", "status"],
             "title": "redis-benchmark, requests/s"}

@@ -52,13 +52,13 @@ def bench_scale(args, ctx):
 
         def measured():
             sampler = MemorySampler(servers[tool][impl], n, min(1.0, duration / 4))
-            v, tr = fn(sampler)
+            v, tr, ops = fn(sampler)
             if sampler.sample:
                 row.d["pss_kib"].append(sampler.sample["pss"])
                 row.d["rss_kib"].append(sampler.sample["rss"])
             else:
                 row.d.setdefault("notes", []).append("memory not sampled: run ended first")
-            return v, tr
+            return v, tr, ops
         variants.append((row, measured))
 
     servers = {}
@@ -81,10 +81,10 @@ def bench_scale(args, ctx):
                 for impl in impls:
                     def fn(sampler, n=n, impl=impl):
                         reqs = max(2000, 50 * n, int(est.get((impl, n), 20000) * duration))
-                        rates, tr = redis_run(servers["redis"][impl], ["get"], n, reqs, impl, cpus[1], log_file,
-                                              wait=sampler)
+                        rates, tr, ops = redis_run(servers["redis"][impl], ["get"], n, reqs, impl, cpus[1],
+                                                   log_file, wait=sampler)
                         est[(impl, n)] = rates["GET"]       # the next repetition runs ~duration seconds
-                        return rates["GET"], tr
+                        return rates["GET"], tr, ops
                     add("redis", impl, n, fn)
         for impl in impls:                       # warm-up (not recorded), and redis' request-count estimate
             if "pgbench" in tools:
@@ -113,6 +113,6 @@ def bench_scale(args, ctx):
                 "sampled once during each run after all N connections were established (median over the "
                 "repetitions; kernel socket buffers are not included); KiB/conn = (PSS(N) - PSS(1)) / (N - 1)"],
             "targets": [],
-            "columns": ["tool", "conns", "name", "median", "min", "max", "vs_tcp", "pss_mib", "kib_per_conn",
-                        "status"],
+            "columns": ["tool", "conns", "name", "median", "min", "max", "cpu_us", "vs_tcp", "pss_mib",
+                        "kib_per_conn", "status"],
             "title": "scale: N concurrent connections, throughput and memory, TCP vs rdmasock"}

@@ -68,6 +68,8 @@ struct rs_rx {
     uint64_t bytes;
     uint64_t records;
     uint64_t sleeps;
+    uint64_t word_sleeps;
+    uint64_t word_timeouts;
     uint64_t bells_drained;
     uint64_t spilled;
     uint8_t fin_seen;
@@ -85,6 +87,7 @@ typedef struct rs_conn {
     uint8_t fb_reason;
     uint8_t fb_done;
     uint8_t spill_ok;
+    uint8_t word_wake_ok;
     uint64_t bells_sent;
     struct rs_tx tx;
     struct rs_rx rx;

@@ -38,8 +38,9 @@ F_SPIN_SKIP = 1 << 3       # consumer's spin_limit lets the producer skip doorbe
 F_PREAMBLE = 1 << 4        # client bytes before the answer travel as TCP frames, then SWITCH
 F_LAZY_SWITCH = 1 << 5     # optional: the client's SWITCH comes with its first records, TCP byte or read
 F_SPILL = 1 << 6           # optional: a full ring spills stream bytes to the socket (SPILL records, shm)
+F_FUTEX_WAKE = 1 << 7      # optional: a waiting shm receiver may be woken through a futex word
 REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP | F_PREAMBLE
-SUPPORTED = REQUIRED | F_LAZY_SWITCH | F_SPILL
+SUPPORTED = REQUIRED | F_LAZY_SWITCH | F_SPILL | F_FUTEX_WAKE
 
 
 class HandshakeError(ConnectionError):

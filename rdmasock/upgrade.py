@@ -39,10 +39,18 @@ def _stream_ended(sock):
 
 
 
+def _agreed(conn, features):
+    """A shm connection's optional features, as the server's ACCEPT lists them."""
+    conn.spill_ok = bool(features & hs.F_SPILL)
+    conn.word_wake_ok = bool(features & hs.F_FUTEX_WAKE)
+
+
 def _features():
-    """The handshake features this process offers: all it supports, SPILL unless
-    RDMASOCK_SPILL turns it off."""
-    return hs.SUPPORTED if config.get().spill else hs.SUPPORTED & ~hs.F_SPILL
+    """The handshake features this process offers: all it supports, less SPILL and
+    FUTEX_WAKE where RDMASOCK_SPILL or RDMASOCK_WORD_WAKE turns them off."""
+    cfg = config.get()
+    off = (0 if cfg.spill else hs.F_SPILL) | (0 if cfg.word_wake else hs.F_FUTEX_WAKE)
+    return hs.SUPPORTED & ~off
 
 
 class Outcome:
@@ -353,7 +361,7 @@ class Client(_Side):
         if conn.salt != msg.salt or conn.ring_size != 1 << msg.ring_log2:
             transport_shm.release(conn)
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
-        conn.spill_ok = bool(msg.features & hs.F_SPILL)
+        _agreed(conn, msg.features)
         return Outcome("shm", conn=conn)
 
     def _accept_rdma(self, msg):
@@ -475,7 +483,7 @@ class Server(_Side):
                 os.close(memfd)
         reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, hello.features & _features()
         reply.ring_log2, reply.salt = ring_log2, salt
-        conn.spill_ok = bool(reply.features & hs.F_SPILL)
+        _agreed(conn, reply.features)
         return Outcome("shm", conn=conn)
 
     def close(self):

@@ -94,6 +94,8 @@ struct rs_rx {
     uint32_t suspect_lw, suspect_footer;
     struct rs_spin spin;      /* spin-then-block budget of a receive, at most spin_ns (rs_wait.h) */
     uint64_t records, sleeps;
+    uint64_t word_sleeps;     /* receives asleep on the shared word (FUTEX_WAKE) */
+    uint64_t word_timeouts;   /* ... that its window ended, not the peer: then on the socket */
     struct rs_rx_pre pre;     /* the client's preamble */
     struct rs_rx_move move;   /* the direction's move to TCP */
     uint64_t spill_left;      /* stream bytes of the current SPILL still to read from the socket */
@@ -129,6 +131,8 @@ struct rs_conn {
     uint8_t  switch_sent;     /* bytes of that SWITCH frame on the socket so far */
     uint8_t  spill_ok;        /* both ends speak SPILL (handshake feature): a ring that stays
                                * full spills to the socket for a while (rs_spill.c) */
+    uint8_t  word_wake_ok;    /* both ends speak FUTEX_WAKE (handshake feature): a waiting
+                               * receiver may sleep on a shared word instead of the socket */
     char     errmsg[RS_ERRMSG_LEN];
 
     const struct rs_transport *ops;   /* how records travel (rs_transport.h) */
@@ -270,6 +274,7 @@ void     rs_bell_garbage(rs_conn *c, int byte);
 int      rs_bell_read_result(rs_conn *c, long n);
 void     rs_note_sock_error(rs_conn *c, int e);
 int      rs_rx_go_idle(rs_conn *c);
+int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen);
 int      rs_rx_go_idle_locked(rs_conn *c);
 int      rs_rx_nonblock_empty(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);

@@ -216,6 +216,7 @@ void rs_shutdown_rd(rs_conn *c)
     rs_lock(&c->rx.lock);
     RS_SET(c->rx.shut_rd, 1);
     rs_unlock(&c->rx.lock);
+    if (c->word_wake_ok) rs_word_raise(&c->rx.ctl->data_seq);      /* ... and those asleep on the word */
     syscall(SYS_shutdown, rs_fd_enter(c), SHUT_RD);
     rs_fd_leave(c);
 }
@@ -414,6 +415,18 @@ ssize_t rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 
 #define RS_RECORD_NAP_NS 200000u
 
+/* A blocking receive asleep on the word its peer raises with the next record (arm_word),
+ * for at most RS_WORD_WINDOW_MS from `until` on: then it sleeps on the socket, which tells
+ * it if the peer died.  Returns as rs_wait_fd: 1 look again, 0 timed out, -EINTR. */
+static int word_sleep(rs_conn *c, const uint32_t *word, uint32_t seen, uint64_t deadline, uint64_t until)
+{
+    __atomic_fetch_add(&c->rx.word_sleeps, 1, __ATOMIC_RELAXED);
+    int r = rs_word_wait(word, seen, rs_ms_until(rs_earlier(deadline, until)));
+    if (r == 0 && rs_passed(until)) __atomic_fetch_add(&c->rx.word_timeouts, 1, __ATOMIC_RELAXED);
+    if (r == -EINTR) return deadline == RS_NEVER && rs_restart_after_signal() ? 1 : -EINTR;
+    return r < 0 ? 1 : r;
+}
+
 static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
@@ -425,6 +438,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
      * written, or a peer that only pretends to write) is looked at again at most twice,
      * then waited for by napping; once the deadline is reached, looked at once more. */
     int fruitless = 0, last_look = 0, looked_flags = 0;
+    uint64_t word_until = 0;                    /* end of the sleeps on a shared word (word_sleep) */
     rs_lock(&c->rx.lock);
     for (;;) {
         size_t took = rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
@@ -485,7 +499,17 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         /* about to sleep: the program may have made the descriptor non-blocking */
         if (!nonblock && deadline == RS_NEVER && !looked_flags++ && rs_conn_app_nonblocking(c)) nonblock = 1;
-        int ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
+        const uint32_t *word = NULL;
+        uint32_t seen = 0;
+        int ready = -1;
+        if (!nonblock) {
+            if (!word_until) word_until = rs_now_ns() + RS_WORD_WINDOW_MS * 1000000ull;
+            if (!rs_passed(word_until)) ready = rs_rx_arm_word_locked(c, &word, &seen);
+        }
+        if (ready < 0) {
+            word = NULL;
+            ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
+        }
         if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
         if (nonblock || rs_passed(deadline)) {
             if (ready && !last_look++) continue;
@@ -495,7 +519,9 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         if (ready && fruitless <= 2) continue;
         rs_unlock(&c->rx.lock);
         /* never with the lock: others may read */
-        int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline, got > 0) : rs_wait_fd(c, rs_ms_until(deadline));
+        int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline, got > 0)
+                : word ? word_sleep(c, word, seen, deadline, word_until)
+                       : rs_wait_fd(c, rs_ms_until(deadline));
         if (w == -EINTR) return got ? (ssize_t)got : -EINTR;
         if (!ready) fruitless = 0;                      /* woken: worth a spin again */
         rs_lock(&c->rx.lock);

@@ -95,6 +95,15 @@ static void bell_every_locked(rs_conn *c, int on)
     c->ops->bell_every(c, on);
 }
 
+/* Whether the program takes SIGIO, where its fcntl calls are not seen: asked of the
+ * socket before each idle period, the only moment a doorbell could be missed for it. */
+static void see_async_flag(rs_conn *c)
+{
+    if (!c->rx.flags_unseen) return;
+    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
+}
+
 /* Called by a consumer that found its ring empty (caller holds rx_lock).  Returns 1 if a
  * record is there after all (consume it), 0 if the connection is idle: the producer will
  * ring for the next record, and every doorbell byte sent before that moment has been read
@@ -104,14 +113,21 @@ int rs_rx_go_idle_locked(rs_conn *c)
     /* Held bytes (rs_hold.c) are data: the doorbells that announced them must stay on the
      * socket, for another thread of the program asleep in poll or recv on it. */
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
-    if (c->rx.flags_unseen) {
-        /* Whether the program takes SIGIO: asked of the socket before each idle period,
-         * the only moment a doorbell could be missed for it. */
-        long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
-        if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
-    }
+    see_async_flag(c);
     if (c->rx.pre.active) return 0;                            /* preamble bytes on the socket are data */
     return c->ops->go_idle(c);
+}
+
+/* A blocking receive found its ring empty (caller holds rx_lock) and may sleep on a word
+ * the peer raises with its next record (c->ops->arm_word) instead of on the socket.
+ * Returns 1 a record is there after all, 0 armed: sleep on *word while it holds *seen,
+ * -1 not here (preamble bytes on the socket, or no such word): go idle on the socket. */
+int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen)
+{
+    if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
+    if (c->rx.pre.active) return -1;
+    see_async_flag(c);
+    return c->ops->arm_word(c, word, seen);
 }
 
 int rs_rx_go_idle(rs_conn *c)

@@ -576,6 +576,7 @@ static int rdma_go_idle(rs_conn *c)
 }
 
 static void nothing(rs_conn *c) { (void)c; }
+static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v) { (void)c; (void)w; (void)v; return -1; }
 
 const struct rs_transport rs_transport_rdma = {
     .name = "rdma",
@@ -595,6 +596,7 @@ const struct rs_transport rs_transport_rdma = {
     .check_peer = rdma_check_peer,
     .silence = rdma_silence,
     .publish_credit = rdma_publish_credit,
+    .arm_word = no_word,
     .go_idle = rdma_go_idle,
     .nonblock_empty = rdma_go_idle,             /* arm as for a wait: bell counts are not shared */
     .tidy = nothing,                            /* the next go_idle drains */

@@ -137,31 +137,32 @@ static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
 }
 
 /* Producer (caller holds tx_lock): the records are in the peer's ring already; wake the
- * consumer if it asked for it. */
+ * consumer if it asked for it, by the means it asked for (want_bell's bits). */
 static void shm_flush(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
     uint32_t want = __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
     if (!want) return;                                  /* a bell is pending */
-    /* RS_WANT_EVERY: the consumer's program learns of each arrival from a SIGIO, as over
-     * TCP, so every publication rings, spinning consumer or not; the request stays. */
-    if (want != RS_WANT_EVERY) {
+    if (!(want & RS_WANT_EVERY)) {
         if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
             c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
             return;                                     /* a spinning recv will absorb it */
         want = __atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST);
-        if (!want) return;
-        if (want == RS_WANT_EVERY) {                    /* asked for meanwhile: it stays */
-            uint32_t none = 0;
-            __atomic_compare_exchange_n(&k->want_bell, &none, RS_WANT_EVERY, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-        }
+        /* RS_WANT_EVERY asked for meanwhile: it stays */
+        if (want & RS_WANT_EVERY) __atomic_fetch_or(&k->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
+    } else if (want & RS_WANT_FUTEX) {
+        /* RS_WANT_EVERY: the consumer's program learns of each arrival from a SIGIO, as over
+         * TCP, so every publication rings, spinning consumer or not; the request stays. */
+        want = __atomic_fetch_and(&k->want_bell, ~RS_WANT_FUTEX, __ATOMIC_SEQ_CST);
     }
+    if (want & RS_WANT_FUTEX) rs_word_raise(&k->data_seq);
+    if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY))) return;
     __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
     /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
      * consumer still wants one, so the next record tries again. */
-    if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && want != RS_WANT_EVERY)
-        __atomic_store_n(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && !(want & RS_WANT_EVERY))
+        __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
 }
 
 /* Consumer: wake a producer blocked on a full ring (credit was just published).  Under
@@ -235,7 +236,8 @@ static int go_idle(rs_conn *c, int check)
     if (c->rx.move.state) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
     if (c->rx.spill_state) return rs_spill_rx_ready(c); /* inside a SPILL: the socket has the next bytes */
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
-    __atomic_store_n(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    /* or'ed: another thread of ours may be asleep on the shared word (RS_WANT_FUTEX) */
+    __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
     /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
      * is guaranteed to see, so draining it cannot strand that record without a bell. */
     uint64_t sent = bells_counted(c);
@@ -248,6 +250,24 @@ static int go_idle(rs_conn *c, int check)
 /* Consumer found its ring empty (caller holds rx_lock): want_bell set and every doorbell
  * sent before that drained; 1 if a record is there after all. */
 static int shm_go_idle(rs_conn *c) { return go_idle(c, 1); }
+
+/* A blocking receive found the ring empty (caller holds rx_lock), and both ends speak
+ * FUTEX_WAKE: the producer is asked to raise data_seq with the next record (a futex wake,
+ * a fraction of a doorbell byte's send and the receiver's two reads of it).  The same
+ * order as go_idle: the request, the word's value, then the re-check, so a record the
+ * re-check misses was published after the request and raises the word past *seen. */
+static int shm_arm_word(rs_conn *c, const uint32_t **word, uint32_t *seen)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    if (!c->word_wake_ok || c->rx.move.state || c->rx.spill_state) return -1;
+    c->ops->publish_credit(c, 1);
+    /* A program whose poll calls are not ours (not lazy_tidy: the Python API) may poll the
+     * descriptor once this receive returns: its doorbell byte stays asked for too. */
+    __atomic_fetch_or(&k->want_bell, c->rx.lazy_tidy ? RS_WANT_FUTEX : RS_WANT_FUTEX | RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    *word = &k->data_seq;
+    *seen = __atomic_load_n(&k->data_seq, __ATOMIC_SEQ_CST);
+    return rs_rx_ready_locked(c);
+}
 
 /* A non-blocking receive found the ring empty.  Programs that read until EAGAIN (libpq,
  * event loops) do so after every message; arming there (want_bell) made the peer ring a
@@ -283,13 +303,11 @@ static void shm_tidy(rs_conn *c)
 
 static void shm_bell_every(rs_conn *c, int on)
 {
+    uint32_t *want = &c->rx.ctl->want_bell;
     if (c->rx.move.state) return;
-    if (on) __atomic_store_n(&c->rx.ctl->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
-    else {
-        uint32_t every = RS_WANT_EVERY;
-        __atomic_compare_exchange_n(&c->rx.ctl->want_bell, &every, RS_WANT_NEXT, 0, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST);
-    }
+    if (on) __atomic_fetch_or(want, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
+    else if (__atomic_fetch_and(want, ~RS_WANT_EVERY, __ATOMIC_SEQ_CST) & RS_WANT_EVERY)
+        __atomic_fetch_or(want, RS_WANT_NEXT, __ATOMIC_SEQ_CST);    /* still idle: the next one */
 }
 
 /* Before close (caller holds rx_lock): no doorbell wanted any more, and those already sent
@@ -376,6 +394,7 @@ const struct rs_transport rs_transport_shm = {
     .silence = nothing,                         /* its bells stop at our tx.move.state (credit_bell) */
     .publish_credit = shm_publish_credit,
     .go_idle = shm_go_idle,
+    .arm_word = shm_arm_word,
     .nonblock_empty = shm_nonblock_empty,
     .tidy = shm_tidy,
     .bell_every = shm_bell_every,

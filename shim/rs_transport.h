@@ -58,6 +58,12 @@ struct rs_transport {
     void (*publish_credit)(struct rs_conn *c, int force);
     int  (*go_idle)(struct rs_conn *c);                 /* ring empty, about to wait: arm the peer's
                                                          * doorbell; 1 if a record came after all */
+    int  (*arm_word)(struct rs_conn *c, const uint32_t **word, uint32_t *seen);
+                                                        /* ring empty, a blocking receive about to
+                                                         * wait: ask the peer to wake a shared word
+                                                         * (rs_word_wait) instead of ringing; 1 a
+                                                         * record came after all, 0 armed, -1 the
+                                                         * transport or the peer has no such word */
     int  (*nonblock_empty)(struct rs_conn *c);          /* a non-blocking receive found nothing */
     void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
     void (*bell_every)(struct rs_conn *c, int on);      /* the program takes SIGIO (O_ASYNC) or not */

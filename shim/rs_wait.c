@@ -1,6 +1,7 @@
 /* rs_wait.c - spinning, napping and sleeping (rs_wait.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <poll.h>
 #include <sched.h>
@@ -224,4 +225,41 @@ void rs_lock_wait(rs_lock_t *l)
 void rs_lock_wake(rs_lock_t *l)
 {
     syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* ---- wake-ups through shared memory (shm's FUTEX_WAKE feature) ------------------------ */
+
+int rs_word_wait(const uint32_t *word, uint32_t seen, int timeout_ms)
+{
+    struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
+    /* not FUTEX_PRIVATE: the word is in a segment the peer process maps too */
+    long r = syscall(SYS_futex, word, FUTEX_WAIT, seen, timeout_ms < 0 ? NULL : &ts, NULL, 0);
+    if (r == 0 || errno == EAGAIN) return 1;
+    if (errno == ETIMEDOUT) return 0;
+    return -errno;
+}
+
+int rs_words_wait(const uint32_t *const *words, const uint32_t *seen, int n, int timeout_ms)
+{
+    if (n == 1) return rs_word_wait(words[0], seen[0], timeout_ms);
+    if (n < 1 || n > RS_WORDS_MAX) return -EINVAL;
+    struct futex_waitv w[RS_WORDS_MAX];
+    for (int i = 0; i < n; i++)
+        w[i] = (struct futex_waitv){ .val = seen[i], .uaddr = (uintptr_t)words[i], .flags = FUTEX_32 };
+    struct timespec at, *tp = NULL;
+    if (timeout_ms >= 0) {                      /* futex_waitv takes an absolute time */
+        uint64_t t = rs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+        at = (struct timespec){ (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
+        tp = &at;
+    }
+    long r = syscall(SYS_futex_waitv, w, (unsigned)n, 0u, tp, CLOCK_MONOTONIC);
+    if (r >= 0 || errno == EAGAIN) return 1;
+    if (errno == ETIMEDOUT) return 0;
+    return -errno;
+}
+
+void rs_word_raise(uint32_t *word)
+{
+    __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }

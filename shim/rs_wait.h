@@ -93,4 +93,22 @@ int  rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w);
 /* The spin found nothing: a signal held during it now runs its action; 1 to go on waiting,
  * -EINTR if the kernel's call would have ended.  The program's mask is back either way. */
 int  rs_spin_done(struct rs_sigwait *w, int rule);
+
+/* Wake-ups through a 32-bit word in memory shared with the peer process (a futex): the
+ * sleeper reads the word, makes its last check, and sleeps only while the word still holds
+ * what it read; the waker changes the word, then wakes every sleeper on it.  A wake-up
+ * between the sleeper's read and its sleep is not lost: the word differs and the sleep
+ * returns at once.  rs_word_wait: 1 woken (or the word changed, or a spurious wake-up:
+ * look again), 0 timed out, -EINTR (any handled signal), or -errno.  The peer may raise
+ * the word at will: a sleeper only ever looks again; it may also never raise it, so every
+ * sleep is bounded by its caller. */
+int  rs_word_wait(const uint32_t *word, uint32_t seen, int timeout_ms);
+void rs_word_raise(uint32_t *word);
+/* The same for several words at once (a poll over several sockets): woken by any. */
+#define RS_WORDS_MAX 128
+int  rs_words_wait(const uint32_t *const *words, const uint32_t *seen, int n, int timeout_ms);
+
+/* How long, at most, a wait sleeps on a shm word before it goes back to sleeping on the
+ * socket, where the peer's death is seen (its kernel closes the socket, never the word). */
+#define RS_WORD_WINDOW_MS 50
 #endif

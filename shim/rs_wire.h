@@ -37,10 +37,15 @@
 #define RS_BELL_CREDIT     0xC7u                /* doorbell byte: credit returned for your ring */
 #define RS_BELL_RESYNC     0xE5u                /* first byte of a RESYNC frame: the rest of the stream is TCP */
 #define RS_BELL_SPILL      0xE6u                /* first byte of a SPILL mark: spilled stream bytes follow */
-/* rs_dir_ctl.want_bell: a doorbell for the next record (1), for every publication (2: the
- * consumer's program takes SIGIO, which the kernel raises for each arrival) */
+/* rs_dir_ctl.want_bell, bits: a doorbell byte for the next record (1), for every
+ * publication (2: the consumer's program takes SIGIO, which the kernel raises for each
+ * arrival), a futex wake-up on data_seq for the next record (4: FUTEX_WAKE feature) */
 #define RS_WANT_NEXT       1u
 #define RS_WANT_EVERY      2u
+#define RS_WANT_FUTEX      4u
+/* rs_dir_ctl.tx_waiting, bits: a credit doorbell byte (1), a futex wake-up on credit_seq (2) */
+#define RS_WAIT_BELL       1u
+#define RS_WAIT_FUTEX      2u
 /* rdma: the bit of want_seq that asks for a doorbell after every publication */
 #define RS_WANT_SEQ_EVERY  (1ull << 63)
 #define RS_RESYNC_LEN      16u                  /* u8 0xE5, u8 version 1, u16 0, u32 check, u64 resume offset */
@@ -97,13 +102,15 @@ struct rs_dir_ctl {
     uint32_t spinning;      /* consumer busy-polls the ring: no doorbell needed up to spin_limit */
     uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_NEXT, RS_WANT_EVERY */
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
-    uint8_t  pad0[64 - 32];
+    uint32_t credit_seq;    /* futex word: raised with credit for a producer asleep on it */
+    uint8_t  pad0[64 - 36];
     /* written by the producer (sender of this direction) */
     uint64_t tx_bytes;      /* payload bytes published into the ring, as of the last wait for credit */
     uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */
-    uint32_t tx_waiting;    /* producer is blocked on a full ring, wants a credit doorbell */
+    uint32_t tx_waiting;    /* producer is blocked on a full ring, wants credit: RS_WAIT_* bits */
     uint32_t tx_cpu;        /* advisory: 1 + the CPU the producer last ran on (0 unknown) */
-    uint8_t  pad1[64 - 24];
+    uint32_t data_seq;      /* futex word: raised with a record for a consumer asleep on it */
+    uint8_t  pad1[64 - 28];
 };
 
 /* Header page of a shm segment: [hdr page][ring 0: client->server][ring 1: server->client] */

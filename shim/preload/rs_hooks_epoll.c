@@ -11,7 +11,12 @@
  * (an edge is new data since then).  out_mark: for EPOLLET, the connection's count of
  * writes cut short by a full ring when we last reported EPOLLOUT (an edge is room after a
  * later one: the kernel's socket, which always has room, never makes that edge).
- * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD. */
+ * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD.
+ *
+ * others: registrations of descriptors that are not tracked sockets (a listener, a pipe),
+ * counted from their EPOLL_CTL_ADD to their EPOLL_CTL_DEL; one closed without a DEL stays
+ * counted.  While it is 0 the kernel has nothing to say that the rings do not, and a wait
+ * may sleep on the members' shared words (FUTEX_WAKE) instead of in the kernel. */
 #include "rs_preload.h"
 #include "../rs_fdmap.h"
 #include <stdlib.h>
@@ -22,6 +27,7 @@ struct ep_set {
     int refs;                  /* the map's + waits in progress; 0: free */
     pthread_mutex_t lock;
     int n, cap;
+    int others;
     struct ep_member *m;
     struct ep_set *free_next;
 };
@@ -64,7 +70,7 @@ static struct ep_set *set_create(int epfd)
         if (s) free_sets = s->free_next;
         else if ((s = calloc(1, sizeof *s))) pthread_mutex_init(&s->lock, NULL);
         if (s) {
-            s->n = 0;
+            s->n = s->others = 0;
             __atomic_store_n(&s->refs, 1, __ATOMIC_RELEASE);          /* the map's */
             if (rs_fdmap_swap(&sets, epfd, s) == RS_FDMAP_FAIL) {
                 s->refs = 0;
@@ -190,6 +196,28 @@ int rs_ep_adopt(int fd)
     return 1;
 }
 
+/* An untracked descriptor joins (op ADD) or leaves (DEL) epfd's registrations.  A wait
+ * asleep on the members' words is woken to look again: it now has the kernel to ask. */
+static void ep_count_other(int epfd, int op)
+{
+    if (op != EPOLL_CTL_ADD && op != EPOLL_CTL_DEL) return;
+    struct ep_set *s = op == EPOLL_CTL_ADD ? set_create(epfd) : set_get(epfd);
+    if (!s) return;
+    pthread_mutex_lock(&s->lock);
+    if (op == EPOLL_CTL_DEL) {
+        if (s->others > 0) s->others--;
+    } else if (s->others++ == 0) {
+        for (int i = 0; i < s->n; i++) {
+            struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+            if (!k) continue;
+            if (k->conn->word_wake_ok) rs_word_raise(&k->conn->rx.ctl->data_seq);
+            rs_sock_put(k);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    set_put(s);
+}
+
 RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
@@ -198,7 +226,10 @@ RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
         int e = errno;
         int tracked = rs_is_tracked(fd);
         if (tracked || op == EPOLL_CTL_DEL) ep_remember(epfd, op, fd, ev);
-        if (!tracked) ep_note_early(epfd, op, fd, ev);
+        if (!tracked) {
+            ep_note_early(epfd, op, fd, ev);
+            ep_count_other(epfd, op);
+        }
         errno = e;
     }
     return r;
@@ -312,6 +343,28 @@ static void ep_scan(struct ep_set *s, int *any, int *apart)
     }
 }
 
+/* Every member of the set is a tracked socket waited on for input, whose peer can raise a
+ * shared word, and nothing else is registered (caller holds the set's lock): arms them
+ * all.  1 one is ready after all, 0 armed (words and seen filled, *n of them), -1 not
+ * possible: the kernel's wait. */
+static int ep_arm_words(struct ep_set *s, const uint32_t **words, uint32_t *seen, int *n)
+{
+    *n = 0;
+    if (s->others || s->n > RS_WORDS_MAX) return -1;
+    for (int i = 0; i < s->n; i++) {
+        if (s->m[i].disarmed) continue;
+        if (s->m[i].events & ~(uint32_t)(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP | EPOLLET | EPOLLONESHOT | EPOLLERR | EPOLLHUP))
+            return -1;
+        struct rs_sock *k = rs_ring_sock(s->m[i].fd);
+        if (!k) return -1;
+        int a = rs_ring_arm_word(k->conn, POLLIN, &words[*n], &seen[*n]);
+        rs_sock_put(k);
+        if (a) return a;
+        ++*n;
+    }
+    return *n ? 0 : -1;
+}
+
 static int kernel_wait(int epfd, struct epoll_event *ev, int max, int ms, const sigset_t *mask)
 {
     return mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
@@ -342,8 +395,32 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
     if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; return -1; }   /* epoll_wait is never restarted */
     if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 0);
     unsigned nap_us = 20;
+    uint64_t words_until = mask ? 0 : start + RS_WORD_WINDOW_MS * 1000000ull;
     for (;;) {
         if (timeout_ms == 0 || rs_passed(deadline)) return 0;
+        if (!rs_passed(words_until)) {
+            /* the word sleeps of one wait last RS_WORD_WINDOW_MS at most: then the kernel's,
+             * which sees a peer that died */
+            const uint32_t *words[RS_WORDS_MAX];
+            uint32_t seen[RS_WORDS_MAX];
+            int nw, n = 0;
+            pthread_mutex_lock(&s->lock);
+            int a = ep_arm_words(s, words, seen, &nw);
+            pthread_mutex_unlock(&s->lock);
+            if (a == 0) {
+                int w = rs_words_wait(words, seen, nw, rs_ms_until(rs_earlier(deadline, words_until)));
+                if (w == -EINTR) { errno = EINTR; return -1; }   /* epoll_wait is never restarted */
+                if (w < 0) a = -1;
+            }
+            if (a >= 0) {
+                pthread_mutex_lock(&s->lock);
+                n = ep_from_rings(epfd, s, ev, 0, max);
+                pthread_mutex_unlock(&s->lock);
+                if (n) return n;
+                continue;
+            }
+            words_until = 0;            /* not possible for this set now: the kernel's wait */
+        }
         int ready = 0, resend = 0, n = 0;
         pthread_mutex_lock(&s->lock);
         int cap = -1;

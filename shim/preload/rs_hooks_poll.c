@@ -12,12 +12,17 @@ static int kernel_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigse
     return rs_real.ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, mask);
 }
 
-/* The upgraded entries of fds get their readiness from the ring; the rest from the
- * kernel (asked with a zero timeout).  Returns the number of ready entries. */
-static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *want)
+/* The upgraded entries of fds get their readiness from the ring; the rest, and urgent
+ * data, from the kernel (asked with a zero timeout, unless `kernel` says none of that is
+ * wanted).  Returns the number of ready entries. */
+static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *want, int kernel)
 {
-    int k = kernel_poll(fds, n, 0, NULL);
-    if (k < 0) return k;
+    if (kernel) {
+        int k = kernel_poll(fds, n, 0, NULL);
+        if (k < 0) return k;
+    } else {
+        for (nfds_t i = 0; i < n; i++) fds[i].revents = 0;
+    }
     int ready = 0;
     for (nfds_t i = 0; i < n; i++) {
         /* urgent data comes only over TCP (rs_sock.c send_urgent): the kernel knows */
@@ -28,6 +33,24 @@ static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *
 }
 
 #define POLL_STACK 256
+
+/* Every entry is an upgraded socket waited on for input whose peer raises a shared word
+ * with its records (FUTEX_WAKE): the wait sleeps on those words, for at most `until`,
+ * instead of in the kernel.  1 slept or found one ready (look again), 0 not possible
+ * here (sleep in the kernel), -1 with errno (EINTR: poll is never restarted). */
+static int sleep_on_words(struct rs_sock **socks, short *want, nfds_t n, uint64_t deadline, uint64_t until)
+{
+    const uint32_t *words[RS_WORDS_MAX];
+    uint32_t seen[RS_WORDS_MAX];
+    if (n > RS_WORDS_MAX) return 0;
+    for (nfds_t i = 0; i < n; i++) {
+        int a = socks[i] ? rs_ring_arm_word(socks[i]->conn, want[i], &words[i], &seen[i]) : -1;
+        if (a) return a > 0;
+    }
+    int r = rs_words_wait(words, seen, (int)n, rs_ms_until(rs_earlier(deadline, until)));
+    if (r == -EINTR) { errno = EINTR; return -1; }
+    return r >= 0;
+}
 
 static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
@@ -40,9 +63,11 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     }
     nfds_t nring = 0;
     int apart = 0;                      /* spin only for a peer on another CPU */
+    int kernel = 0;                     /* the kernel has something to say: other descriptors, urgent data */
     for (nfds_t i = 0; i < n; i++) {
         socks[i] = rs_ring_sock(fds[i].fd);
         want[i] = fds[i].events;
+        if (!socks[i] || (want[i] & POLLPRI)) kernel = 1;
         if (!socks[i]) continue;
         nring++;
         fds[i].events = POLLIN | POLLRDHUP | (want[i] & POLLPRI);     /* doorbells (data and credit), urgent data */
@@ -55,6 +80,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     }
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
+    uint64_t words_until = mask || kernel ? 0 : start + RS_WORD_WINDOW_MS * 1000000ull;
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
         uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin()) : 0);
@@ -65,7 +91,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
             for (nfds_t i = 0; i < n && !any; i++)
                 if (socks[i] && rs_ring_revents(socks[i]->conn, want[i])) any = 1;
             if (any || (it & 15) == 15) {
-                r = collect(fds, n, socks, want);
+                r = collect(fds, n, socks, want, kernel);
                 if (r != 0) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 1); goto out; }
             }
             if (rs_now_ns() >= spin_end) break;
@@ -73,13 +99,23 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         }
         if (rs_spin_done(&sw, RS_SIG_EINTR) < 0) { errno = EINTR; r = -1; goto out; }   /* poll is never restarted */
         if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 0);
-        if (timeout_ms == 0 || rs_passed(deadline)) { r = collect(fds, n, socks, want); goto out; }
+        if (timeout_ms == 0 || rs_passed(deadline)) { r = collect(fds, n, socks, want, kernel); goto out; }
+        if (!rs_passed(words_until)) {
+            int w = sleep_on_words(socks, want, n, deadline, words_until);
+            if (w < 0) { r = -1; goto out; }
+            if (w > 0) {
+                r = collect(fds, n, socks, want, kernel);
+                if (r || rs_passed(deadline)) goto out;
+                continue;
+            }
+            words_until = 0;            /* not possible for this set: the kernel from now on */
+        }
         int armed_ready = 0;
         for (nfds_t i = 0; i < n; i++)
             if (socks[i] && rs_ring_arm(socks[i]->conn, want[i])) armed_ready = 1;
         /* Ready at arming, yet nothing to report: a record still being written.  Its
          * producer sees the armed flag after it finishes, and rings: sleep for that. */
-        if (armed_ready && (r = collect(fds, n, socks, want)) != 0) goto out;
+        if (armed_ready && (r = collect(fds, n, socks, want, kernel)) != 0) goto out;
         int ms = rs_ms_until(deadline);
         for (nfds_t i = 0; i < n; i++) {    /* a resend after an RDMA failure must get out */
             if (!socks[i]) continue;
@@ -88,7 +124,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         }
         r = kernel_poll(fds, n, ms, mask);
         if (r < 0) goto out;
-        r = collect(fds, n, socks, want);
+        r = collect(fds, n, socks, want, kernel);
         if (r && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (r || rs_passed(deadline)) goto out;
         /* only a stale doorbell or a credit that is not enough yet: sleep again */

@@ -116,6 +116,7 @@ struct rs_sock *rs_handshake_sock(int fd); /* kernel bytes may not be data yet: 
 int   rs_only_handshake(struct rs_sock *s);
 short rs_ring_revents(rs_conn *c, short events);
 int   rs_ring_arm(rs_conn *c, short events);
+int   rs_ring_arm_word(rs_conn *c, short events, const uint32_t **word, uint32_t *seen);
 int   rs_ring_sleep_cap_ms(rs_conn *c, short events);
 int   rs_min_ms(int a, int b);
 struct rs_spin *rs_wait_spin(void);

@@ -84,6 +84,21 @@ int rs_ring_arm(rs_conn *c, short events)
     return ready || RS_GET(c->err) || RS_GET(c->tcp_eof);
 }
 
+/* Arms one upgraded socket, waited on for input only, for a sleep on the word its peer
+ * raises with the next record (FUTEX_WAKE) instead of a kernel sleep on the socket.
+ * Returns 1 if it is ready after all, 0 armed (*word, *seen for rs_words_wait), -1 not
+ * possible (other events wanted, a preamble or resend on the socket, no word). */
+int rs_ring_arm_word(rs_conn *c, short events, const uint32_t **word, uint32_t *seen)
+{
+    if (events & ~(POLLIN | POLLRDNORM | POLLRDHUP | POLLERR | POLLHUP | POLLNVAL)) return -1;
+    if (!c->word_wake_ok || !rs_tx_switch(c) || RS_GET(c->rx.pre.active) || rs_fb_tx_pending(c)) return -1;
+    rs_lock(&c->rx.lock);
+    int r = rs_rx_arm_word_locked(c, word, seen);
+    rs_unlock(&c->rx.lock);
+    if (r < 0) return -1;
+    return r || RS_GET(c->err) || RS_GET(c->tcp_eof);
+}
+
 /* How long a kernel sleep may last for a socket armed with `events` (-1: no limit).  A
  * wait for room in a full ring looks again as the transport asks (room_recheck_ms): its
  * credit doorbell can be read off the socket by another thread of the program going idle

@@ -3017,6 +3017,154 @@ static void t_ring_memory_budget(void)
     close(sv[1]);
 }
 
+
+/* ---- wake-ups through the shared word (FUTEX_WAKE, PROTOCOL 6.11) ------------------------ */
+
+static void pair_open_words(struct pair *p)
+{
+    pair_open(p, 1 << 16, 0);                  /* no spinning: every wait for data sleeps */
+    p->srv->word_wake_ok = p->cli->word_wake_ok = 1;
+    p->srv->rx.lazy_tidy = p->cli->rx.lazy_tidy = 1;   /* as under the preload library */
+}
+
+struct word_echo { rs_conn *c; int rounds; };
+static void *word_echo_run(void *arg)
+{
+    struct word_echo *e = arg;
+    uint8_t buf[64];
+    for (int i = 0; i < e->rounds; i++) {
+        recv_exact(e->c, buf, sizeof buf, 10000);
+        send_all_nb(e->c, buf, sizeof buf);
+    }
+    return NULL;
+}
+
+static void word_pingpong(struct pair *p, int rounds)
+{
+    pthread_t th;
+    struct word_echo e = { p->srv, rounds };
+    CHECK(pthread_create(&th, NULL, word_echo_run, &e) == 0, "pthread_create");
+    uint8_t out[64], in[64];
+    for (int i = 0; i < rounds; i++) {
+        memset(out, (int)(i * 7 + 1), sizeof out);
+        send_all_nb(p->cli, out, sizeof out);
+        recv_exact(p->cli, in, sizeof in, 10000);
+        CHECK(memcmp(in, out, sizeof in) == 0, "round %d: wrong echo", i);
+    }
+    pthread_join(th, NULL);
+}
+
+/* Both ends speak FUTEX_WAKE: 20,000 round trips with every wait asleep on the word.  No
+ * doorbell byte is sent after the first, and no sleep ran out its window: a wake-up lost between a
+ * receiver's arming and its sleep would have left it asleep until the window ended. */
+static void t_word_wake(void)
+{
+    struct pair p;
+    pair_open_words(&p);
+    word_pingpong(&p, 20000);
+    uint64_t sleeps = p.srv->rx.word_sleeps + p.cli->rx.word_sleeps;
+    CHECK(sleeps > 0, "no receive slept on the word");
+    CHECK_EQ(p.srv->rx.word_timeouts + p.cli->rx.word_timeouts, 0);
+    /* only each direction's first record rings: a new segment asks for that doorbell */
+    CHECK(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED) <= 1 && __atomic_load_n(&p.cli->bells_sent, __ATOMIC_RELAXED) <= 1,
+          "doorbell bytes sent: %llu by the server, %llu by the client", (unsigned long long)p.srv->bells_sent,
+          (unsigned long long)p.cli->bells_sent);
+    CHECK_EQ(p.srv->rx.sleeps + p.cli->rx.sleeps, 0);
+    pair_close(&p);
+}
+
+/* One end without the feature (an older peer, or RDMASOCK_WORD_WAKE=0 anywhere: the
+ * handshake then agrees on none): its waits sleep on the socket and are rung there. */
+static void t_word_wake_one_sided(void)
+{
+    struct pair p;
+    pair_open_words(&p);
+    p.cli->word_wake_ok = 0;
+    word_pingpong(&p, 2000);
+    CHECK_EQ(p.cli->rx.word_sleeps, 0);
+    CHECK(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED) > 0, "the server never rang the client");
+    CHECK_EQ(p.srv->rx.word_timeouts, 0);
+    pair_close(&p);
+}
+
+struct word_blocked { rs_conn *c; ssize_t r; double ms; volatile int done; };
+static void *word_blocked_run(void *arg)
+{
+    struct word_blocked *b = arg;
+    uint8_t buf[64];
+    double t0 = now_ms();
+    b->r = rs_recv(b->c, buf, sizeof buf, 0, -1);
+    b->ms = now_ms() - t0;
+    b->done = 1;
+    return NULL;
+}
+
+static void wait_word_asleep(rs_conn *c)
+{
+    for (int i = 0; i < 2000 && !__atomic_load_n(&c->rx.word_sleeps, __ATOMIC_RELAXED); i++) sleep_ms(1);
+    CHECK(__atomic_load_n(&c->rx.word_sleeps, __ATOMIC_RELAXED) > 0, "the receive never slept on the word");
+    sleep_ms(5);
+}
+
+/* The peer dies while we sleep on the word: nothing raises it, the kernel only closes the
+ * peer's socket.  The window ends the word sleep and the socket says the peer is gone:
+ * an untimed recv returns the end of the stream, as over TCP. */
+static void t_word_peer_death(void)
+{
+    struct pair p;
+    pair_open_words(&p);
+    struct word_blocked b = { p.cli, 0, 0, 0 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
+    wait_word_asleep(p.cli);
+    close_fd(&p, 0);                          /* the server process "dies": no FIN record */
+    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
+    CHECK(b.done, "recv still asleep 5 s after the peer died");
+    pthread_join(th, NULL);
+    CHECK_EQ(b.r, 0);
+    pair_close(&p);
+}
+
+/* shutdown(SHUT_RD) in another thread wakes a recv asleep on the word at once (a TCP recv
+ * returns 0), and a record still sent afterwards wakes nothing that is gone. */
+static void t_word_shutdown_rd(void)
+{
+    struct pair p;
+    pair_open_words(&p);
+    struct word_blocked b = { p.cli, -1, 0, 0 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
+    wait_word_asleep(p.cli);
+    rs_shutdown_rd(p.cli);
+    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
+    CHECK(b.done, "recv still asleep after shutdown(SHUT_RD)");
+    pthread_join(th, NULL);
+    CHECK_EQ(b.r, 0);
+    CHECK_EQ(p.cli->rx.word_timeouts, 0);
+    pair_close(&p);
+}
+
+/* A peer that raises the word without writing (hostile, or a stray wake-up) only makes the
+ * receive look again: it goes back to sleep and takes the record that comes later. */
+static void t_word_spurious(void)
+{
+    struct pair p;
+    pair_open_words(&p);
+    struct word_blocked b = { p.cli, -1, 0, 0 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
+    wait_word_asleep(p.cli);
+    for (int i = 0; i < 100; i++) rs_word_raise(&p.cli->rx.ctl->data_seq);
+    sleep_ms(20);
+    CHECK(!b.done, "a raised word with no record ended the recv");
+    send_str(p.srv, "late");
+    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
+    CHECK(b.done, "recv asleep after the record came");
+    pthread_join(th, NULL);
+    CHECK_EQ(b.r, 4);
+    pair_close(&p);
+}
+
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "ring_memory_budget", t_ring_memory_budget },
     { "basic", t_basic },
@@ -3060,6 +3208,11 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_send_signal", t_pre_send_signal },
     { "lazy_switch_behind_full_preamble", t_lazy_switch_behind_full_preamble },
     { "sleep_signal_rules", t_sleep_signal_rules },
+    { "word_wake", t_word_wake },
+    { "word_wake_one_sided", t_word_wake_one_sided },
+    { "word_peer_death", t_word_peer_death },
+    { "word_shutdown_rd", t_word_shutdown_rd },
+    { "word_spurious", t_word_spurious },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
 

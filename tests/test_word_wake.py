@@ -1,0 +1,191 @@
+"""Waking a shm receiver through a futex word of the segment (FUTEX_WAKE, docs/PROTOCOL.md
+6.11): a blocking receive, or a library poll whose descriptors are all such connections,
+sleeps on the word the producer raises with its next record instead of on a doorbell
+byte.  The C tests (tests/c/test_ring.c word_*) cover lost wake-ups, a peer's death, a
+shutdown and stray raises at the ring level; these cover the handshake's agreement, the
+Python API's promise to kernel poll callers, and preloaded programs, with peers that do
+and do not speak it."""
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import recv_exact
+
+ROUNDS = 2000
+
+
+def _echo(s, rounds, size=64):
+    for _ in range(rounds):
+        s.sendall(recv_exact(s, size))
+
+
+def _pingpong(c, rounds, size=64):
+    for i in range(rounds):
+        msg = bytes([i % 251]) * size
+        c.sendall(msg)
+        assert recv_exact(c, size) == msg, i
+
+
+def test_api_receives_wake_through_the_word(pair, monkeypatch):
+    """Both ends agree on FUTEX_WAKE; blocking receives (no spinning) sleep on the word, and
+    none of those sleeps lasted until its window ran out (a lost wake-up would)."""
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_SPIN_US", "0")
+    config.reload()
+    c, s = pair()
+    t = threading.Thread(target=_echo, args=(s, ROUNDS))
+    t.start()
+    _pingpong(c, ROUNDS)
+    t.join(30)
+    cs, ss = c.stats(), s.stats()
+    assert cs["word_wake"] and ss["word_wake"]
+    assert cs["word_sleeps"] + ss["word_sleeps"] > 0
+    assert cs["word_timeouts"] + ss["word_timeouts"] == 0
+
+
+def test_api_kernel_poll_after_a_word_wake(pair):
+    """The Python API's program may wait in the kernel's select once recv returns: a receive
+    woken through the word still leaves a doorbell byte asked for, so the next message
+    makes the descriptor readable."""
+    c, s = pair()
+    for i in range(20):
+        got = []
+        t = threading.Thread(target=lambda: got.append(recv_exact(c, 8)))
+        t.start()
+        time.sleep(0.02)                        # c is asleep in recv
+        s.sendall(b"first%03d" % i)
+        t.join(10)
+        assert got == [b"first%03d" % i]
+        threading.Timer(0.05, s.sendall, (b"later%03d" % i,)).start()
+        r, _, _ = select.select([c], [], [], 10)
+        assert r == [c], "the next message never made the socket readable (round %d)" % i
+        assert recv_exact(c, 8) == b"later%03d" % i
+    assert c.stats()["word_sleeps"] > 0
+
+
+def test_api_without_the_feature_sleeps_on_the_socket(pair, monkeypatch):
+    """RDMASOCK_WORD_WAKE=0 (as a peer of an older version): the handshake agrees on none,
+    nothing sleeps on the word, and the exchange is the same."""
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_WORD_WAKE", "0")
+    config.reload()
+    c, s = pair()
+    t = threading.Thread(target=_echo, args=(s, 500))
+    t.start()
+    _pingpong(c, 500)
+    t.join(30)
+    assert c.transport == s.transport == "shm"
+    assert not c.stats()["word_wake"] and not s.stats()["word_wake"]
+    assert c.stats()["word_sleeps"] == s.stats()["word_sleeps"] == 0
+
+
+PEER = r"""
+import select, socket, sys, time
+mode, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def exact(s, n):
+    b = b""
+    while len(b) < n:
+        d = s.recv(n - len(b))
+        if not d:
+            raise SystemExit("EOF after %d of %d" % (len(b), n))
+        b += d
+    return b
+if mode == "server":
+    srv = socket.create_server(("127.0.0.1", port))
+    print("ready", flush=True)
+    s, _ = srv.accept()
+    for _ in range(rounds):
+        s.sendall(exact(s, 64))
+    s.sendall(b"bye")
+    if len(sys.argv) > 4:                       # then wait to be killed
+        time.sleep(60)
+    exact(s, 3)
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+    p = select.poll()
+    p.register(c, select.POLLIN)
+    for i in range(rounds):
+        msg = bytes([i % 251]) * 64
+        c.sendall(msg)
+        if i % 2:                               # half the waits in poll, half in recv
+            assert p.poll(10000), "poll timed out"
+        assert exact(c, 64) == msg, i
+    assert exact(c, 3) == b"bye"
+    if len(sys.argv) > 4:                       # the server dies while we wait in poll
+        print("waiting", flush=True)
+        t0 = time.monotonic()
+        ev = p.poll(10000)
+        assert ev, "poll timed out after the peer died"
+        assert c.recv(16) == b"", "data after the peer died"
+        print("eof after %.3f s" % (time.monotonic() - t0), flush=True)
+    else:
+        c.sendall(b"end")
+    print("ok", flush=True)
+"""
+
+
+def _preloaded(tmp_path, role, port, rounds, env, *extra):
+    prog = tmp_path / "peer.py"
+    prog.write_text(PEER)
+    cmd = ["taskset", "-c", "0", sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3", str(prog),
+           role, str(port), str(rounds)] + list(extra)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("server_word_wake", ["1", "0"])
+def test_preloaded_pingpong_on_one_cpu(tmp_path, server_word_wake):
+    """Two preloaded programs pinned to one CPU, waiting in recv and in poll: byte-exact
+    with the feature on both sides, and with the server refusing it (then both sleep on
+    the socket: the client's offer is answered without it)."""
+    port = _free_port()
+    log = str(tmp_path / "log")
+    base = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    srv = _preloaded(tmp_path, "server", port, ROUNDS, dict(base, RDMASOCK_WORD_WAKE=server_word_wake))
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = _preloaded(tmp_path, "client", port, ROUNDS, base)
+        out, err = cli.communicate(timeout=120)
+        assert cli.returncode == 0 and out.strip() == "ok" and not err, out + err
+        srv.wait(30)
+        assert srv.returncode == 0, srv.stderr.read()
+    finally:
+        for p in (srv,):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert open(log).read().count("transport=shm") == 2
+
+
+def test_preloaded_poll_sees_a_dead_peer(tmp_path):
+    """The server is killed while the client waits in poll, asleep on the word: nobody
+    raises it, the kernel only closes the socket.  The word's 50 ms window ends and the
+    socket tells: poll reports the descriptor and recv returns the end of the stream."""
+    port = _free_port()
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    srv = _preloaded(tmp_path, "server", port, 50, env, "die")
+    cli = None
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = _preloaded(tmp_path, "client", port, 50, env, "die")
+        assert cli.stdout.readline().strip() == "waiting"
+        time.sleep(0.2)
+        srv.kill()
+        out, err = cli.communicate(timeout=30)
+        assert cli.returncode == 0 and out.strip().endswith("ok") and not err, out + err
+    finally:
+        for p in (srv, cli):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
