@@ -89,7 +89,7 @@ struct rs_rx {
     uint8_t  flags_unseen;    /* the program's fcntl calls are not seen (Python API): O_ASYNC is
                                * looked up on the socket when going idle */
     uint8_t  anc_opts;        /* receive options the program set (rs_report.c), 0 unknown */
-    uint64_t last_peek_ns;    /* lazy: when a non-blocking receive last looked for EOF */
+    uint64_t last_peek_ns;    /* when going idle last peeked at the socket for EOF (rs_shm.c) */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
     uint32_t suspect_lw, suspect_footer;
     struct rs_spin spin;      /* spin-then-block budget of a receive, at most spin_ns (rs_wait.h) */
