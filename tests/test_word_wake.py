@@ -189,3 +189,57 @@ def test_preloaded_poll_sees_a_dead_peer(tmp_path):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+EDGE = r"""
+import select, socket, sys, time
+port = int(sys.argv[2])
+if sys.argv[1] == "server":
+    srv = socket.create_server(("127.0.0.1", port))
+    print("ready", flush=True)
+    s, _ = srv.accept()
+    s.sendall(b"a" * 100)
+    assert s.recv(2) == b"go"
+    s.sendall(b"b" * 100)
+    s.recv(1)
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+    ep = select.epoll()
+    ep.register(c.fileno(), select.EPOLLIN | select.EPOLLET)
+    assert ep.poll(10) == [(c.fileno(), select.EPOLLIN)]
+    assert c.recv(10) == b"a" * 10                  # 90 bytes stay unread: no new edge
+    t0 = time.process_time()
+    assert ep.poll(0.3) == [], "an edge without new data"
+    spent = time.process_time() - t0
+    assert spent < 0.025, "the wait without a new edge burned %.3f s of CPU" % spent
+    c.sendall(b"go")
+    assert ep.poll(10) == [(c.fileno(), select.EPOLLIN)]
+    got = b""
+    while len(got) < 190:
+        got += c.recv(4096)
+    assert got == b"a" * 90 + b"b" * 100
+    c.sendall(b".")
+    print("ok", flush=True)
+"""
+
+
+def test_preloaded_edge_triggered_wait_sleeps(tmp_path):
+    """An edge-triggered epoll on an upgraded socket whose data was reported but not all
+    read: the wait sleeps (on the word) until new data comes, it does not spin."""
+    prog = tmp_path / "edge.py"
+    prog.write_text(EDGE)
+    port = _free_port()
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3", str(prog)]
+    srv = subprocess.Popen(run + ["server", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.run(run + ["client", str(port)], capture_output=True, text=True, timeout=60, env=env)
+        assert cli.returncode == 0 and cli.stdout.strip() == "ok" and not cli.stderr, cli.stdout + cli.stderr
+        srv.wait(30)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(10)
+    assert open(tmp_path / "log").read().count("transport=shm") == 2

@@ -299,9 +299,12 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
             if (!k2) break;
             rs_conn *c = k2->conn;
             /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
-             * under the preload, rs_doorbell.c): the ring says whether data is there */
+             * under the preload, rs_doorbell.c): the ring says whether data is there; for
+             * an edge-triggered member, whether new data came since its last edge (the
+             * doorbell of data already reported makes a kernel edge of its own) */
+            int stale_edge = (s->m[i].events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == s->m[i].et_mark;
             if ((ev[j].events & (EPOLLIN | EPOLLRDNORM)) && !(ev[j].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
-                !rs_rx_ready(c)) {
+                (stale_edge || !rs_rx_ready(c))) {
                 ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
                 if (!ev[j].events && (s->m[i].events & EPOLLONESHOT)) {
                     /* the kernel's one shot went on a stale doorbell: arm it again */
@@ -357,7 +360,14 @@ static int ep_arm_words(struct ep_set *s, const uint32_t **words, uint32_t *seen
             return -1;
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (!k) return -1;
-        int a = rs_ring_arm_word(k->conn, POLLIN, &words[*n], &seen[*n]);
+        rs_conn *c = k->conn;
+        words[*n] = NULL;
+        int a = rs_ring_arm_word(c, POLLIN, &words[*n], &seen[*n]);
+        /* edge-triggered, its data reported and not read yet: only new data is an event,
+         * and the word is raised with it */
+        if (a > 0 && words[*n] && (s->m[i].events & EPOLLET) && rs_rx_produced(c) == s->m[i].et_mark &&
+            !c->rx.fin_seen && !RS_GET(c->err) && !RS_GET(c->tcp_eof))
+            a = 0;
         rs_sock_put(k);
         if (a) return a;
         ++*n;
