@@ -154,7 +154,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline, int progres
 static int credit_loop(rs_conn *c, uint64_t need, uint64_t deadline, int progress, struct rs_sigwait *sw)
 {
     rs_tx_flush_bell(c);                        /* the consumer must know there is data */
-    uint64_t spin_start = rs_now_ns(), spin_end = spin_start + c->spin_ns;
+    uint64_t spin_start = rs_now_ns(), spin_end = spin_start + (rs_cpus_busy() ? 0 : c->spin_ns);
     unsigned backoff_us = 20;
     for (;;) {
         /* First: while the lock was let go (naps), another thread may have moved the

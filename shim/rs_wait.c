@@ -1,6 +1,9 @@
 /* rs_wait.c - spinning, napping and sleeping (rs_wait.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <string.h>
+#include <stdlib.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <poll.h>
@@ -45,8 +48,40 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
     return 0;
 }
 
+/* More tasks runnable than there are CPUs: the kernel's count (/proc/loadavg, fourth
+ * field "runnable/total"), read at most every 10 ms per process with plain system calls. */
+static uint64_t busy_checked_ns;
+static int busy_now;
+
+int rs_cpus_busy(void)
+{
+    static int cpus;
+    uint64_t now = rs_now_ns(), last = __atomic_load_n(&busy_checked_ns, __ATOMIC_RELAXED);
+    if (now - last < 10000000u ||
+        !__atomic_compare_exchange_n(&busy_checked_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return __atomic_load_n(&busy_now, __ATOMIC_RELAXED);
+    if (!cpus) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        cpus = n > 0 ? (int)n : 1;
+    }
+    char buf[128];
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *p = buf;
+    for (int i = 0; i < 3 && p; i++)
+        if ((p = strchr(p, ' '))) p++;
+    int b = p && atoi(p) > cpus;
+    __atomic_store_n(&busy_now, b, __ATOMIC_RELAXED);
+    return b;
+}
+
 uint64_t rs_spin_allow(struct rs_spin *s)
 {
+    if (rs_cpus_busy()) return 0;
     uint64_t cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED);
     return cur < s->max ? cur : s->max;
 }

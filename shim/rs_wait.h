@@ -86,7 +86,10 @@ void rs_sigwait_end(struct rs_sigwait *w);                          /* the progr
  * database statement, say) is waited for by spinning.  Any thread may update it. */
 struct rs_spin { uint64_t cur, max; };
 static inline void rs_spin_init(struct rs_spin *s, uint64_t max) { s->cur = s->max = max; }
-uint64_t rs_spin_allow(struct rs_spin *s);
+uint64_t rs_spin_allow(struct rs_spin *s);     /* 0 while rs_cpus_busy() */
+/* More tasks are runnable than there are CPUs: a spin would take a CPU that the peer, or
+ * another program, waits for, so nobody spins (looked up at most every 10 ms). */
+int  rs_cpus_busy(void);
 void rs_spin_result(struct rs_spin *s, int found);
 void rs_spin_missed(struct rs_spin *s, uint64_t waited_ns);
 int  rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w);

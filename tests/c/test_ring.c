@@ -3165,6 +3165,36 @@ static void t_word_spurious(void)
     pair_close(&p);
 }
 
+
+/* ---- spinning on a busy machine ------------------------------------------------------ */
+
+static volatile int hog_stop;
+static void *hog_run(void *arg) { (void)arg; while (!hog_stop) rs_relax(); return NULL; }
+
+/* More runnable threads than CPUs: rs_cpus_busy says so within a bounded wait, and no
+ * spin budget is given out while it does. */
+static void t_spin_when_busy(void)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = (int)(ncpu > 0 ? ncpu : 1) * 2 + 1;
+    if (n > 64) n = 64;
+    pthread_t th[64];
+    hog_stop = 0;
+    for (int i = 0; i < n; i++) CHECK(pthread_create(&th[i], NULL, hog_run, NULL) == 0, "pthread_create");
+    int busy = 0;
+    for (int i = 0; i < 200 && !busy; i++) {
+        sleep_ms(5);
+        busy = rs_cpus_busy();
+    }
+    struct rs_spin sp;
+    rs_spin_init(&sp, 1000000);
+    uint64_t allowed = rs_spin_allow(&sp);
+    hog_stop = 1;
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    CHECK(busy, "%d spinning threads on %ld CPUs, and rs_cpus_busy never said so", n, ncpu);
+    CHECK_EQ(allowed, 0);
+}
+
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "ring_memory_budget", t_ring_memory_budget },
     { "basic", t_basic },
@@ -3213,6 +3243,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "word_peer_death", t_word_peer_death },
     { "word_shutdown_rd", t_word_shutdown_rd },
     { "word_spurious", t_word_spurious },
+    { "spin_when_busy", t_spin_when_busy },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
 
