@@ -3099,11 +3099,25 @@ static void *word_blocked_run(void *arg)
     return NULL;
 }
 
-static void wait_word_asleep(rs_conn *c)
+/* A pair whose client has a thread blocked in an untimed recv, asleep on the word. */
+static void blocked_on_word(struct pair *p, struct word_blocked *b, pthread_t *th)
 {
+    pair_open_words(p);
+    *b = (struct word_blocked){ p->cli, -1, 0, 0 };
+    CHECK(pthread_create(th, NULL, word_blocked_run, b) == 0, "pthread_create");
+    rs_conn *c = p->cli;
     for (int i = 0; i < 2000 && !__atomic_load_n(&c->rx.word_sleeps, __ATOMIC_RELAXED); i++) sleep_ms(1);
     CHECK(__atomic_load_n(&c->rx.word_sleeps, __ATOMIC_RELAXED) > 0, "the receive never slept on the word");
     sleep_ms(5);
+}
+
+/* The blocked recv returns within 5 s; its result. */
+static ssize_t blocked_result(struct word_blocked *b, pthread_t th, const char *what)
+{
+    for (int i = 0; i < 5000 && !b->done; i++) sleep_ms(1);
+    CHECK(b->done, "recv still asleep 5 s after %s", what);
+    pthread_join(th, NULL);
+    return b->r;
 }
 
 /* The peer dies while we sleep on the word: nothing raises it, the kernel only closes the
@@ -3112,34 +3126,24 @@ static void wait_word_asleep(rs_conn *c)
 static void t_word_peer_death(void)
 {
     struct pair p;
-    pair_open_words(&p);
-    struct word_blocked b = { p.cli, 0, 0, 0 };
+    struct word_blocked b;
     pthread_t th;
-    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
-    wait_word_asleep(p.cli);
+    blocked_on_word(&p, &b, &th);
     close_fd(&p, 0);                          /* the server process "dies": no FIN record */
-    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
-    CHECK(b.done, "recv still asleep 5 s after the peer died");
-    pthread_join(th, NULL);
-    CHECK_EQ(b.r, 0);
+    CHECK_EQ(blocked_result(&b, th, "the peer died"), 0);
     pair_close(&p);
 }
 
-/* shutdown(SHUT_RD) in another thread wakes a recv asleep on the word at once (a TCP recv
- * returns 0), and a record still sent afterwards wakes nothing that is gone. */
+/* shutdown(SHUT_RD) in another thread wakes a recv asleep on the word at once, not at
+ * the end of its window: a TCP recv returns 0 then. */
 static void t_word_shutdown_rd(void)
 {
     struct pair p;
-    pair_open_words(&p);
-    struct word_blocked b = { p.cli, -1, 0, 0 };
+    struct word_blocked b;
     pthread_t th;
-    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
-    wait_word_asleep(p.cli);
+    blocked_on_word(&p, &b, &th);
     rs_shutdown_rd(p.cli);
-    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
-    CHECK(b.done, "recv still asleep after shutdown(SHUT_RD)");
-    pthread_join(th, NULL);
-    CHECK_EQ(b.r, 0);
+    CHECK_EQ(blocked_result(&b, th, "shutdown(SHUT_RD)"), 0);
     CHECK_EQ(p.cli->rx.word_timeouts, 0);
     pair_close(&p);
 }
@@ -3149,22 +3153,16 @@ static void t_word_shutdown_rd(void)
 static void t_word_spurious(void)
 {
     struct pair p;
-    pair_open_words(&p);
-    struct word_blocked b = { p.cli, -1, 0, 0 };
+    struct word_blocked b;
     pthread_t th;
-    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
-    wait_word_asleep(p.cli);
+    blocked_on_word(&p, &b, &th);
     for (int i = 0; i < 100; i++) rs_word_raise(&p.cli->rx.ctl->data_seq);
     sleep_ms(20);
     CHECK(!b.done, "a raised word with no record ended the recv");
     send_str(p.srv, "late");
-    for (int i = 0; i < 5000 && !b.done; i++) sleep_ms(1);
-    CHECK(b.done, "recv asleep after the record came");
-    pthread_join(th, NULL);
-    CHECK_EQ(b.r, 4);
+    CHECK_EQ(blocked_result(&b, th, "the record came"), 4);
     pair_close(&p);
 }
-
 
 /* ---- spinning on a busy machine ------------------------------------------------------ */
 
