@@ -60,9 +60,11 @@ int rs_cpus_busy(void)
     if (now - last < 10000000u ||
         !__atomic_compare_exchange_n(&busy_checked_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return __atomic_load_n(&busy_now, __ATOMIC_RELAXED);
-    if (!cpus) {
+    int ncpu = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
+    if (!ncpu) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        cpus = n > 0 ? (int)n : 1;
+        ncpu = n > 0 ? (int)n : 1;
+        __atomic_store_n(&cpus, ncpu, __ATOMIC_RELAXED);
     }
     char buf[128];
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/loadavg", O_RDONLY | O_CLOEXEC);
@@ -74,7 +76,7 @@ int rs_cpus_busy(void)
     const char *p = buf;
     for (int i = 0; i < 3 && p; i++)
         if ((p = strchr(p, ' '))) p++;
-    int b = p && atoi(p) > cpus;
+    int b = p && atoi(p) > ncpu;
     __atomic_store_n(&busy_now, b, __ATOMIC_RELAXED);
     return b;
 }
