@@ -273,9 +273,9 @@ static int shm_arm_word(rs_conn *c, const uint32_t **word, uint32_t *seen)
     struct rs_dir_ctl *k = c->rx.ctl;
     if (!c->word_wake_ok || c->rx.move.state || c->rx.spill_state) return -1;
     c->ops->publish_credit(c, 1);
-    /* A program whose poll calls are not ours (not lazy_tidy: the Python API) may poll the
-     * descriptor once this receive returns: its doorbell byte stays asked for too. */
-    __atomic_fetch_or(&k->want_bell, c->rx.lazy_tidy ? RS_WANT_FUTEX : RS_WANT_FUTEX | RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    /* Bit 0 is left as it is: where the program may poll the descriptor in the kernel
+     * (not lazy_tidy: the Python API), going idle and tidying keep it asked for (6.7). */
+    __atomic_fetch_or(&k->want_bell, RS_WANT_FUTEX, __ATOMIC_SEQ_CST);
     *word = &k->data_seq;
     *seen = __atomic_load_n(&k->data_seq, __ATOMIC_SEQ_CST);
     return rs_rx_ready_locked(c);

@@ -51,8 +51,8 @@ def test_api_receives_wake_through_the_word(pair, monkeypatch):
 
 def test_api_kernel_poll_after_a_word_wake(pair):
     """The Python API's program may wait in the kernel's select once recv returns: a receive
-    woken through the word still leaves a doorbell byte asked for, so the next message
-    makes the descriptor readable."""
+    woken through the word leaves the doorbell invariant (PROTOCOL 6.7) intact, so the next
+    message makes the descriptor readable."""
     c, s = pair()
     for i in range(20):
         got = []
