@@ -62,6 +62,7 @@ def placements(wanted):
     p = {"same": (SERVER_CPU, SERVER_CPU)}
     if (os.cpu_count() or 1) > 1:
         p["cross"] = (SERVER_CPU, 1)
+    p["unpinned"] = (None, None)              # the scheduler places everything (scale only)
     return {k: v for k, v in p.items() if k in wanted}
 
 
@@ -300,16 +301,16 @@ def run_variants(bench, variants, reps, fmt):
 
 
 @contextlib.contextmanager
-def server_pair(cls, impls, log_file, **kw):
+def server_pair(cls, impls, log_file, cpu=SERVER_CPU, **kw):
     """One fresh server of class cls (S.PgServer, S.RedisServer) per impl ("tcp": plain,
-    "rdmasock": under `rdmasock run`), pinned to SERVER_CPU; yields {impl: server} and stops
-    them all afterwards."""
+    "rdmasock": under `rdmasock run`), pinned to cpu (None: not pinned); yields {impl: server}
+    and stops them all afterwards."""
     servers = {}
     try:
         for impl in impls:
-            servers[impl] = cls(preload=(impl == "rdmasock"), cpu=SERVER_CPU, log_file=log_file, **kw).start()
+            servers[impl] = cls(preload=(impl == "rdmasock"), cpu=cpu, log_file=log_file, **kw).start()
             _servers.append(servers[impl])
-            log("%s (%s) on port %d, CPU %d" % (cls.name, impl, servers[impl].port, SERVER_CPU))
+            log("%s (%s) on port %d, CPU %s" % (cls.name, impl, servers[impl].port, "any" if cpu is None else cpu))
         yield servers
     finally:
         for srv in servers.values():

@@ -4,7 +4,7 @@ import statistics
 import time
 
 from . import servers as S
-from .common import Row, SERVER_CPU, log, run_variants, server_pair, set_ratios
+from .common import Row, log, placements, run_variants, server_pair, set_ratios
 from .pgbench import pg_init, pgbench_run
 from .redis_get import redis_run
 
@@ -39,8 +39,8 @@ def bench_scale(args, ctx):
     duration = max(3, round(args.duration or (3 if args.quick else 6)))   # pgbench -T includes connecting
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
-    pl = args.scale_placement if args.scale_placement in places else list(places)[-1]
-    cpus = places[pl]
+    pl = args.scale_placement
+    cpus = placements([pl]).get(pl) or places[list(places)[-1]]
     tools = [t for t in args.scale_tools.split(",") if t]
     pg_opts = ["-S"] if args.scale_pg_script == "select" else []
     variants, est = [], {}
@@ -65,7 +65,7 @@ def bench_scale(args, ctx):
     with contextlib.ExitStack() as stack:
         if "pgbench" in tools:
             servers["pgbench"] = stack.enter_context(server_pair(
-                S.PgServer, impls, log_file, settings={"max_connections": str(max(conns_list) + 20)}))
+                S.PgServer, impls, log_file, cpu=cpus[0], settings={"max_connections": str(max(conns_list) + 20)}))
             for impl, srv in servers["pgbench"].items():
                 pg_init(srv, "scale", 1, impl == "rdmasock", log_file)
             for n in conns_list:
@@ -76,7 +76,7 @@ def bench_scale(args, ctx):
                             wait=sampler)
                     add("pgbench", impl, n, fn)
         if "redis" in tools:
-            servers["redis"] = stack.enter_context(server_pair(S.RedisServer, impls, log_file))
+            servers["redis"] = stack.enter_context(server_pair(S.RedisServer, impls, log_file, cpu=cpus[0]))
             for n in conns_list:
                 for impl in impls:
                     def fn(sampler, n=n, impl=impl):
@@ -105,9 +105,10 @@ def bench_scale(args, ctx):
             r["kib_per_conn"] = round((r["pss_mib"] - one[0]["pss_mib"]) * 1024 / (r["conns"] - 1), 1)
     set_ratios(rows, "tcp", "vs_tcp", keys=("tool", "conns"))
     return {"rows": rows, "summary": [
-                "server on CPU %d, client on CPU %d (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
+                "%s (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
                 "%d; redis-benchmark -t get, requests sized for ~%d s" % (
-                    SERVER_CPU, cpus[1], pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
+                    "servers and clients not pinned" if cpus[0] is None else
+                    "server on CPU %d, client on CPU %d" % cpus, pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
                     max(conns_list) + 20, duration),
                 "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
                 "sampled once during each run after all N connections were established (median over the "

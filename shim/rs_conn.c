@@ -76,6 +76,17 @@ rs_conn *rs_conn_alloc(void)
     return p;
 }
 
+/* Sizes of both rings.  The producer starts with a small window and the consumer returns
+ * credit at a quarter of it; both grow with the traffic (rs_produce.c). */
+void rs_conn_set_ring(rs_conn *c, uint32_t ring_size)
+{
+    c->ring_size = ring_size;
+    c->mask = ring_size - 1;
+    c->max_payload = rs_max_payload(ring_size);
+    c->tx.window = ring_size < RS_WINDOW_MIN ? ring_size : RS_WINDOW_MIN;
+    rs_rx_saw_wrap(c, 0);
+}
+
 void rs_conn_free(rs_conn *c)
 {
     if (!c) return;

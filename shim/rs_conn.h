@@ -18,6 +18,7 @@
 #include "rs_lock.h"
 
 #define RS_ERRMSG_LEN 160
+#define RS_WINDOW_MIN 16384u   /* a producer's first window (rs_produce.c) */
 
 /* A direction that moves from its ring to the TCP socket (rs_fallback.c). */
 struct rs_tx_move {
@@ -56,6 +57,8 @@ struct rs_tx {
     uint64_t head_seen;       /* last credit read from ctl->head */
     uint64_t last_data;       /* ring position of the last data record written */
     uint64_t records;
+    uint32_t window;          /* records stay below this ring offset, then a WRAP: a connection
+                               * that never waits for credit touches only these pages (rs_produce.c) */
     uint8_t  fin_sent;        /* our FIN/RESET record written: writes fail with EPIPE */
     uint8_t  wrote_to_gone;   /* the one write TCP accepts after the peer closed was made */
     uint64_t full_stops;      /* non-blocking writes cut short by a full ring (relaxed): an
@@ -76,6 +79,8 @@ struct rs_rx {
     uint64_t seq;
     uint64_t bytes;           /* payload bytes taken from the ring: handed to the application or held */
     uint64_t head_pub;        /* credit last published (ctl->head) */
+    uint32_t credit_lag;      /* publish credit once this much is unpublished: a quarter of the
+                               * producer's window, as its last WRAP showed (rs_rx_saw_wrap) */
     uint32_t cur_len;         /* payload length of the current, validated record (0: none) */
     uint32_t cur_off;         /* bytes of it already consumed */
     uint64_t bells_drained;   /* doorbell bytes read off the TCP socket */
@@ -176,7 +181,17 @@ static inline uint32_t rs_rec_span(const rs_conn *c, uint64_t pos, uint32_t lw)
     return lw == RS_LEN_WRAP ? c->ring_size - (uint32_t)(pos & c->mask) : rs_rec_size(lw);
 }
 
+/* Consumer: the producer's WRAP at ring offset off ends its window there.  Credit goes back
+ * every quarter window, so a caught-up consumer never holds back what the producer needs
+ * to wrap (PROTOCOL 5.6). */
+static inline void rs_rx_saw_wrap(rs_conn *c, uint32_t off)
+{
+    uint32_t w = off + 8 > RS_WINDOW_MIN ? off + 8 : RS_WINDOW_MIN;
+    c->rx.credit_lag = w / 4 < c->ring_size / 4 ? w / 4 : c->ring_size / 4;
+}
+
 /* rs_conn.c */
+void     rs_conn_set_ring(rs_conn *c, uint32_t ring_size);
 void     rs_conn_move_fd(rs_conn *c, int newfd);
 void     rs_conn_after_fork_child(rs_conn *c);
 long     rs_c_send(rs_conn *c, const void *b, size_t n, int flags);

@@ -143,6 +143,7 @@ static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek)
             }
             if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
                 if (!peek) memset(c->rx.ring + off, 0, 8);
+                if (!peek && lw == RS_LEN_WRAP) rs_rx_saw_wrap(c, off);
                 cur.pos += rs_rec_span(c, cur.pos, lw);
                 cur.seq++;
                 if (lw != RS_LEN_WRAP) { fin = lw == RS_LEN_RESET ? 2 : 1; break; }
@@ -327,7 +328,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
         __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
-    uint64_t now0 = rs_now_ns(), end = now0 + rs_spin_allow(&c->rx.spin);
+    uint64_t now0 = rs_now_ns(), end = now0 + rs_spin_allow(&c->rx.spin, 1);
     end = rs_earlier(end, deadline_ns);
     struct rs_sigwait sw = { 0 };
     int found = 0;

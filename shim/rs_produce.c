@@ -27,13 +27,33 @@ static inline uint64_t tx_free(rs_conn *c)
     return (uint64_t)c->ring_size - 8 - (c->tx.pos - c->tx.head_seen);
 }
 
-/* Room for data records.  Where both ends spill, a sixteenth of the ring is kept for
+/* Room for data records.  Where both ends spill, a sixteenth of the window is kept for
  * SPILL records: a consumer that takes nothing must not stop the stream from lending the
  * socket's buffers (a program writing 4 KiB at a time needs one record per write). */
 static inline uint64_t tx_room(rs_conn *c)
 {
-    uint64_t keep = c->spill_ok ? c->ring_size / 16u : 0, f = tx_free(c);
+    uint64_t keep = c->spill_ok ? c->tx.window / 16u : 0, f = tx_free(c);
     return f > keep ? f - keep : 0;
+}
+
+/* The window: records stay below ring offset tx.window and a WRAP ends each lap there, so
+ * the pages beyond it are never touched (nor, on the consumer's side, re-zeroed).  The
+ * skipped tail counts as used until the consumer passes the WRAP, so a window can only
+ * pay while the consumer keeps up; the first time the ring has no room the window
+ * doubles, up to the whole ring (a stream gets there within a few laps).  Nothing of
+ * this is on the wire: a WRAP may stand anywhere (PROTOCOL 5.4). */
+static inline uint32_t tx_win_left(rs_conn *c)
+{
+    uint32_t off = (uint32_t)(c->tx.pos & c->mask);
+    return c->tx.window > off ? c->tx.window - off : 0;
+}
+static inline uint32_t tx_lap_left(rs_conn *c) { return c->ring_size - (uint32_t)(c->tx.pos & c->mask); }
+
+static inline int tx_grow(rs_conn *c)
+{
+    if (c->tx.window >= c->ring_size) return 0;
+    c->tx.window *= 2;
+    return 1;
 }
 
 static inline void refresh_credit(rs_conn *c) { c->ops->refresh_credit(c); }
@@ -93,17 +113,19 @@ int rs_tx_stalled(rs_conn *c)
  * they use room a write could use, never the 8 bytes kept for FIN. */
 int rs_tx_spill_room(rs_conn *c)
 {
-    uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
-    return tx_free(c) >= (to_end < 16 ? to_end : 0) + 16;
+    return tx_free(c) >= (tx_win_left(c) < 16 ? tx_lap_left(c) : 0) + 16;
+}
+
+static void put_wrap(rs_conn *c)
+{
+    uint32_t skip = tx_lap_left(c);
+    put_record(c, RS_LEN_WRAP, NULL, 0);
+    c->tx.pos += skip - 8;                  /* the rest of the lap stays zero */
 }
 
 void rs_tx_put_spill(rs_conn *c, uint32_t count)
 {
-    uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
-    if (to_end < 16) {
-        put_record(c, RS_LEN_WRAP, NULL, 0);
-        c->tx.pos += to_end - 8;
-    }
+    if (tx_win_left(c) < 16) put_wrap(c);
     uint8_t le[4];
     rs_put_le(le, count, 4);
     put_record(c, RS_LEN_SPILL, le, 4);
@@ -236,18 +258,19 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
     if (c->rx.fin_seen && rs_peer_gone(c)) return write_to_gone(c, len);
     while (sent < len) {
         uint32_t chunk = len - sent > c->max_payload ? c->max_payload : (uint32_t)(len - sent);
-        uint32_t to_end = c->ring_size - (uint32_t)(c->tx.pos & c->mask);
+        uint32_t to_end = tx_win_left(c);
         int wrap = 0;
         if (rs_rec_size(chunk) > to_end) {
             if (chunk <= RS_KEEP_WHOLE || to_end < 64) wrap = 1;
             else chunk = to_end - 8;
         }
-        uint64_t need = (wrap ? to_end : 0) + rs_rec_size(chunk);
+        uint64_t skip = wrap ? tx_lap_left(c) : 0, need = skip + rs_rec_size(chunk);
         if (tx_room(c) < need) refresh_credit(c);
+        if (tx_room(c) < need && tx_grow(c)) continue;
         if (tx_room(c) < need && chunk > RS_KEEP_WHOLE) {
             /* Partial room: write what fits rather than wait for all of it (after the
              * wrap, if one is due), as rs_tx_writable promised. */
-            uint64_t skip = wrap ? to_end : 0, room = tx_room(c) > skip ? tx_room(c) - skip : 0;
+            uint64_t room = tx_room(c) > skip ? tx_room(c) - skip : 0;
             if (room >= RS_KEEP_WHOLE + 8) { chunk = (uint32_t)((room - 8) & ~7ull); need = skip + rs_rec_size(chunk); }
         }
         if (tx_room(c) < need) {
@@ -274,10 +297,7 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
             }
             continue;
         }
-        if (wrap) {
-            put_record(c, RS_LEN_WRAP, NULL, 0);
-            c->tx.pos += to_end - 8;            /* the rest of the tail stays zero */
-        }
+        if (wrap) put_wrap(c);
         put_record(c, chunk, src + sent, chunk);
         c->tx.bytes += chunk;
         sent += chunk;

@@ -298,9 +298,7 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     if (!c || !r) { free(c); free(r); errno = ENOMEM; return NULL; }
     uint8_t *b = base;
     c->fd = fd;
-    c->ring_size = ring_size;
-    c->mask = ring_size - 1;
-    c->max_payload = rs_max_payload(ring_size);
+    rs_conn_set_ring(c, ring_size);
     c->salt = salt;
     c->rx.ring = b + RS_RDMA_HDR;
     c->tx.ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */
@@ -453,7 +451,7 @@ static int rdma_arm_credit(rs_conn *c)
     return 0;
 }
 
-/* Consumer: hand consumed ring bytes back (every quarter ring, when the producer waits for
+/* Consumer: hand consumed ring bytes back (every quarter window, when the producer waits for
  * them, or with force whenever anything is unpublished), and answer a waiting producer. */
 static void rdma_publish_credit(rs_conn *c, int force)
 {
@@ -462,7 +460,7 @@ static void rdma_publish_credit(rs_conn *c, int force)
     uint64_t tw = __atomic_load_n(&r->mirror->tx_wait_seq, __ATOMIC_ACQUIRE);
     int waiting = tw != r->credit_answered;
     if (!lag && !waiting) return;
-    if (!force && !waiting && lag < c->ring_size / 4) return;
+    if (!force && !waiting && lag < c->rx.credit_lag) return;
     if (lag) {
         __atomic_store_n(&r->own->rx_head, c->rx.pos, __ATOMIC_RELEASE);
         c->rx.head_pub = c->rx.pos;

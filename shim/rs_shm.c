@@ -104,9 +104,7 @@ rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uin
     if (!c) return NULL;
     c->ops = &rs_transport_shm;
     c->fd = fd;
-    c->ring_size = seg->ring_size;
-    c->mask = seg->ring_size - 1;
-    c->max_payload = rs_max_payload(seg->ring_size);
+    rs_conn_set_ring(c, seg->ring_size);
     c->salt = seg->salt;
     uint8_t *ring0 = (uint8_t *)seg->base + RS_SEG_HDR_SIZE, *ring1 = ring0 + seg->ring_size;
     int rx_dir = is_server ? RS_DIR_C2S : RS_DIR_S2C;
@@ -356,14 +354,14 @@ static void shm_refresh_credit(rs_conn *c)
     rs_take_credit(c, __atomic_load_n(&c->tx.ctl->head, __ATOMIC_ACQUIRE));
 }
 
-/* Returns the consumed ring bytes to the producer: every quarter ring, when the producer
- * is blocked, or (force) before going idle. */
+/* Returns the consumed ring bytes to the producer: every quarter of its window, when the
+ * producer is blocked, or (force) before going idle. */
 static void shm_publish_credit(rs_conn *c, int force)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     uint64_t lag = c->rx.pos - c->rx.head_pub;
     if (!lag && !force) return;
-    if (!force && lag < c->ring_size / 4 && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
+    if (!force && lag < c->rx.credit_lag && !__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
     if (lag) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_sfence();                 /* the re-zeroing is visible before the credit */

@@ -48,42 +48,39 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
     return 0;
 }
 
-/* More tasks runnable than there are CPUs: the kernel's count (/proc/loadavg, fourth
- * field "runnable/total"), read at most every 10 ms per process with plain system calls. */
-static uint64_t busy_checked_ns;
-static int busy_now;
+/* Spinning cannot pay while this thread's CPU has others to run: then the thread itself
+ * waits for it.  The kernel counts that wait (/proc/thread-self/schedstat: ns run, ns
+ * waited on a run queue); the thread is busy while it waited more than a quarter of the
+ * time it ran, over the last 10 ms or more.  One thread's CPU is what matters: a global
+ * count of runnable tasks also stops the spinning of a client whose CPU is idle while the
+ * server's is crowded.  Read with plain system calls, per thread, at most every 10 ms. */
+static __thread uint64_t busy_at_ns, busy_run_ns, busy_wait_ns;
+static __thread int busy_now;
 
 int rs_cpus_busy(void)
 {
-    static int cpus;
-    uint64_t now = rs_now_ns(), last = __atomic_load_n(&busy_checked_ns, __ATOMIC_RELAXED);
-    if (now - last < 10000000u ||
-        !__atomic_compare_exchange_n(&busy_checked_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return __atomic_load_n(&busy_now, __ATOMIC_RELAXED);
-    int ncpu = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
-    if (!ncpu) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        ncpu = n > 0 ? (int)n : 1;
-        __atomic_store_n(&cpus, ncpu, __ATOMIC_RELAXED);
-    }
-    char buf[128];
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    uint64_t now = rs_now_ns();
+    if (now - busy_at_ns < 10000000u) return busy_now;
+    busy_at_ns = now;
+    char buf[96];
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return busy_now = 0;
     long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
     syscall(SYS_close, fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return busy_now = 0;
     buf[n] = 0;
-    const char *p = buf;
-    for (int i = 0; i < 3 && p; i++)
-        if ((p = strchr(p, ' '))) p++;
-    int b = p && atoi(p) > ncpu;
-    __atomic_store_n(&busy_now, b, __ATOMIC_RELAXED);
-    return b;
+    char *end;
+    uint64_t run = strtoull(buf, &end, 10), wait = strtoull(end, NULL, 10);
+    int seen = busy_run_ns || busy_wait_ns;
+    busy_now = seen && (wait - busy_wait_ns) * 4 > run - busy_run_ns;
+    busy_run_ns = run;
+    busy_wait_ns = wait;
+    return busy_now;
 }
 
-uint64_t rs_spin_allow(struct rs_spin *s)
+uint64_t rs_spin_allow(struct rs_spin *s, int peers)
 {
-    if (rs_cpus_busy()) return 0;
+    if (peers < 2 && rs_cpus_busy()) return 0;
     uint64_t cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED);
     return cur < s->max ? cur : s->max;
 }

@@ -86,9 +86,14 @@ void rs_sigwait_end(struct rs_sigwait *w);                          /* the progr
  * database statement, say) is waited for by spinning.  Any thread may update it. */
 struct rs_spin { uint64_t cur, max; };
 static inline void rs_spin_init(struct rs_spin *s, uint64_t max) { s->cur = s->max = max; }
-uint64_t rs_spin_allow(struct rs_spin *s);     /* 0 while rs_cpus_busy() */
-/* More tasks are runnable than there are CPUs: a spin would take a CPU that the peer, or
- * another program, waits for, so nobody spins (looked up at most every 10 ms). */
+/* The budget of a wait for any of `peers` connections whose peers run on other CPUs.  A
+ * wait for one gets none while rs_cpus_busy(): its spin would keep a CPU that others wait
+ * for, on the chance of one peer's answer.  A wait for several spins anyway: one of them
+ * likely answers within the spin (a client of many connections on a CPU it shares only
+ * with its own threads loses half its throughput without it). */
+uint64_t rs_spin_allow(struct rs_spin *s, int peers);
+/* This thread waits for its CPU: it waited on a run queue for more than a quarter of the
+ * time it ran, over the last 10 ms or more (looked up at most that often). */
 int  rs_cpus_busy(void);
 void rs_spin_result(struct rs_spin *s, int found);
 void rs_spin_missed(struct rs_spin *s, uint64_t waited_ns);

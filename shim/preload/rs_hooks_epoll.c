@@ -340,7 +340,7 @@ static void ep_scan(struct ep_set *s, int *any, int *apart)
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (k) {
             *any = 1;
-            if (!rs_peer_shares_cpu(k->conn)) *apart = 1;
+            if (!rs_peer_shares_cpu(k->conn)) ++*apart;
             rs_sock_put(k);
         }
     }
@@ -385,7 +385,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
 {
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
-    uint64_t budget = apart ? rs_spin_allow(rs_wait_spin()) : 0;   /* spin only for a peer on another CPU */
+    uint64_t budget = apart ? rs_spin_allow(rs_wait_spin(), apart) : 0;   /* spin only for peers on other CPUs */
     uint64_t spin_end = rs_earlier(start + budget, deadline);
     struct rs_sigwait sw = { 0 };
     for (unsigned it = 0;; it++) {

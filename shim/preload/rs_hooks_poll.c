@@ -71,7 +71,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         if (!socks[i]) continue;
         nring++;
         fds[i].events = POLLIN | POLLRDHUP | (want[i] & POLLPRI);     /* doorbells (data and credit), urgent data */
-        if (!rs_peer_shares_cpu(socks[i]->conn)) apart = 1;
+        if (!rs_peer_shares_cpu(socks[i]->conn)) apart++;
     }
     int r;
     if (!nring) {
@@ -83,7 +83,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     uint64_t words_until = mask || kernel ? 0 : start + RS_WORD_WINDOW_MS * 1000000ull;
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
-        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin()) : 0);
+        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin(), apart) : 0);
         spin_end = rs_earlier(spin_end, deadline);
         struct rs_sigwait sw = { 0 };
         for (unsigned it = 0;; it++) {

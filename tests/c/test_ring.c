@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -412,6 +413,7 @@ static void stream_through(struct pair *p, struct producer *a, size_t max_read, 
 {
     pthread_t th;
     a->c = p->srv;
+    uint64_t rx0 = p->cli->rx.bytes, tx0 = p->srv->tx.bytes;
     CHECK(pthread_create(&th, NULL, producer_run, a) == 0, "pthread_create");
     struct rng r = { seed };
     uint8_t *buf = malloc(max_read);
@@ -429,8 +431,8 @@ static void stream_through(struct pair *p, struct producer *a, size_t max_read, 
     CHECK(pthread_join(th, NULL) == 0, "pthread_join");
     CHECK(cks == a->cks, "stream checksum %016llx != producer's %016llx", (unsigned long long)cks,
           (unsigned long long)a->cks);
-    CHECK_EQ(p->cli->rx.bytes, a->total);
-    CHECK_EQ(p->srv->tx.bytes, a->total);
+    CHECK_EQ(p->cli->rx.bytes - rx0, a->total);
+    CHECK_EQ(p->srv->tx.bytes - tx0, a->total);
     CHECK_RING_ZERO(p->cli);
     free(buf);
 }
@@ -3167,30 +3169,188 @@ static void t_word_spurious(void)
 /* ---- spinning on a busy machine ------------------------------------------------------ */
 
 static volatile int hog_stop;
-static void *hog_run(void *arg) { (void)arg; while (!hog_stop) rs_relax(); return NULL; }
-
-/* More runnable threads than CPUs: rs_cpus_busy says so within a bounded wait, and no
- * spin budget is given out while it does. */
-static void t_spin_when_busy(void)
+static int hog_cpu = -1;           /* where the hogs run: -1 anywhere */
+static void *hog_run(void *arg)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = (int)(ncpu > 0 ? ncpu : 1) * 2 + 1;
-    if (n > 64) n = 64;
+    (void)arg;
+    if (hog_cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(hog_cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    while (!hog_stop) rs_relax();
+    return NULL;
+}
+
+/* Spins in this thread for about a second while n hogs run, asking rs_cpus_busy every
+ * 11 ms: how often it said busy, out of how many looks, and what rs_spin_allow gave a
+ * wait for one peer and for eight. */
+static int busy_looks(int n, int *looks, uint64_t *allowed, uint64_t *allowed_many)
+{
     pthread_t th[64];
     hog_stop = 0;
     for (int i = 0; i < n; i++) CHECK(pthread_create(&th[i], NULL, hog_run, NULL) == 0, "pthread_create");
     int busy = 0;
-    for (int i = 0; i < 200 && !busy; i++) {
-        sleep_ms(5);
-        busy = rs_cpus_busy();
+    double t0 = now_ms();
+    for (*looks = 0; *looks < 100 && now_ms() - t0 < 5000; ++*looks) {
+        double t = now_ms();
+        while (now_ms() - t < 11) rs_relax();              /* a spinner of our own */
+        busy += rs_cpus_busy();
     }
     struct rs_spin sp;
     rs_spin_init(&sp, 1000000);
-    uint64_t allowed = rs_spin_allow(&sp);
+    *allowed = rs_spin_allow(&sp, 1);
+    *allowed_many = rs_spin_allow(&sp, 8);
     hog_stop = 1;
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-    CHECK(busy, "%d spinning threads on %ld CPUs, and rs_cpus_busy never said so", n, ncpu);
+    return busy;
+}
+
+/* A thread whose CPU is crowded waits for it: rs_cpus_busy says so, and a wait for one
+ * peer gets no spin budget (a wait for several does).  A thread on a CPU of its own
+ * spins, however crowded the others are. */
+static void t_spin_when_busy(void)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = (int)(ncpu > 0 ? ncpu : 1) * 2 + 1, looks;
+    if (n > 64) n = 64;
+    uint64_t allowed, many;
+    hog_cpu = -1;
+    int busy = busy_looks(n, &looks, &allowed, &many);
+    printf("  spin_when_busy: %d hogs on %ld CPUs: busy at %d of %d looks\n", n, ncpu, busy, looks);
+    CHECK(busy > looks / 2, "%d spinning threads on %ld CPUs, and rs_cpus_busy said so only %d times in %d",
+          n, ncpu, busy, looks);
     CHECK_EQ(allowed, 0);
+    CHECK(many > 0, "no spin budget for a wait on eight connections");
+
+    cpu_set_t mine, old;
+    if (ncpu < 2 || sched_getaffinity(0, sizeof old, &old) != 0 || !CPU_ISSET(0, &old) || !CPU_ISSET(1, &old)) {
+        printf("  spin_when_busy: CPUs 0 and 1 not both ours, the placement half is skipped\n");
+        return;
+    }
+    CPU_ZERO(&mine);
+    CPU_SET(1, &mine);
+    CHECK(sched_setaffinity(0, sizeof mine, &mine) == 0, "sched_setaffinity");
+    hog_cpu = 0;
+    busy = busy_looks(3, &looks, &allowed, &many);
+    sched_setaffinity(0, sizeof old, &old);
+    hog_cpu = -1;
+    printf("  spin_when_busy: 3 hogs on CPU 0, this thread on CPU 1: busy at %d of %d looks\n", busy, looks);
+    CHECK(busy < looks / 10, "rs_cpus_busy said busy %d times in %d on an idle CPU", busy, looks);
+    CHECK(allowed > 0, "no spin budget on an idle CPU");
+}
+
+/* ---- ring windows ------------------------------------------------------------------- */
+
+/* Pages of a ring that memory holds (mincore on the memfd mapping: a page nobody wrote
+ * was never allocated). */
+static unsigned ring_pages_resident(const uint8_t *ring, uint32_t size)
+{
+    static unsigned char vec[1024];
+    size_t pages = size / 4096;
+    CHECK(pages <= sizeof vec, "ring too large for the test");
+    CHECK(mincore((void *)ring, size, vec) == 0, "mincore: %s", strerror(errno));
+    unsigned n = 0;
+    for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
+    return n;
+}
+
+static void small_pingpong(struct pair *p, int rounds, int old_consumer)
+{
+    uint8_t out[64], in[64];
+    for (int i = 0; i < rounds; i++) {
+        memset(out, (int)(i * 13 + 5), sizeof out);
+        send_all_nb(p->cli, out, sizeof out);
+        if (old_consumer) p->srv->rx.credit_lag = p->srv->ring_size / 4;
+        recv_exact(p->srv, in, sizeof in, 5000);
+        CHECK(memcmp(in, out, sizeof in) == 0, "round %d: request garbled", i);
+        send_all_nb(p->srv, in, sizeof in);
+        if (old_consumer) p->cli->rx.credit_lag = p->cli->ring_size / 4;
+        recv_exact(p->cli, in, sizeof in, 5000);
+        CHECK(memcmp(in, out, sizeof in) == 0, "round %d: reply garbled", i);
+    }
+}
+
+/* Small messages never need more than the first window: 20,000 round trips of 64 bytes go
+ * round a 256 KiB ring's first 16 KiB some 100 times, and the rest of it is never touched,
+ * so memory holds only those pages. */
+static void t_window_small(void)
+{
+    struct pair p;
+    uint32_t ring = 256u << 10;
+    pair_open(&p, ring, 0);
+    small_pingpong(&p, 20000, 0);
+    CHECK_EQ(p.cli->tx.window, RS_WINDOW_MIN);
+    CHECK_EQ(p.srv->tx.window, RS_WINDOW_MIN);
+    CHECK(p.cli->tx.pos / ring >= 50, "only %llu laps", (unsigned long long)(p.cli->tx.pos / ring));
+    unsigned r0 = ring_pages_resident(p.srv->rx.ring, ring), r1 = ring_pages_resident(p.cli->rx.ring, ring);
+    printf("  window_small: %llu laps, resident ring pages %u and %u of %u\n",
+           (unsigned long long)(p.cli->tx.pos / ring), r0, r1, ring / 4096);
+    CHECK(r0 <= RS_WINDOW_MIN / 4096 && r1 <= RS_WINDOW_MIN / 4096, "resident ring pages %u and %u, window %u pages",
+          r0, r1, RS_WINDOW_MIN / 4096);
+    CHECK_RING_ZERO(p.cli);
+    CHECK_RING_ZERO(p.srv);
+    pair_close(&p);
+}
+
+/* A stream widens the window, with a writer thread and a reader taking random sizes at
+ * once, every byte checked.  A reader that takes nothing for a while lets the writer fill
+ * the whole ring: the window grows to it rather than stop the writer at 16 KiB. */
+static void t_window_grows(void)
+{
+    struct pair p;
+    uint32_t ring = 256u << 10;
+    pair_open(&p, ring, 20000);
+    struct producer a = { .stream = 7, .total = 24u << 20, .seed = 4242, .min_write = 1, .max_write = 100000 };
+    stream_through(&p, &a, 90000, 4343);
+    printf("  window_grows: %llu laps, window %u of %u\n", (unsigned long long)a.laps, p.srv->tx.window, ring);
+    CHECK(p.srv->tx.window > RS_WINDOW_MIN, "a 24 MiB stream left the window at %u", p.srv->tx.window);
+    pair_close(&p);
+
+    pair_open(&p, ring, 0);
+    small_pingpong(&p, 500, 0);                      /* laps in a small window first */
+    CHECK_EQ(p.srv->tx.window, RS_WINDOW_MIN);
+    static uint8_t buf[4000];
+    uint64_t placed = 0;
+    for (int i = 0; i < 1000; i++) {
+        fill_pat(buf, 8, placed, sizeof buf);
+        ssize_t r = rs_send(p.srv, buf, sizeof buf, 1, 0);
+        if (r == -EAGAIN) break;
+        CHECK(r > 0, "rs_send: %zd", r);
+        placed += (uint64_t)r;
+    }
+    printf("  window_grows: a reader that takes nothing: %llu bytes placed, window %u\n",
+           (unsigned long long)placed, p.srv->tx.window);
+    CHECK_EQ(p.srv->tx.window, ring);
+    CHECK(placed >= ring / 2, "only %llu bytes fit in a %u-byte ring", (unsigned long long)placed, ring);
+    uint64_t pos = 0;
+    expect_pat(p.cli, 8, &pos, placed);
+    struct producer b = { .stream = 9, .total = 8u << 20, .seed = 77, .min_write = 1000, .max_write = 65536 };
+    stream_through(&p, &b, 65536, 78);
+    pair_close(&p);
+}
+
+/* Either side may be an implementation without windows: a producer that uses the whole
+ * ring from the start, or a consumer that returns credit only every quarter ring (the
+ * producer then finds no room at its first WRAP, and grows). */
+static void t_window_interop(void)
+{
+    struct pair p;
+    uint32_t ring = 256u << 10;
+    pair_open(&p, ring, 20000);
+    p.srv->tx.window = ring;
+    struct producer a = { .stream = 10, .total = 4u << 20, .seed = 5, .min_write = 1, .max_write = 3000 };
+    stream_through(&p, &a, 5000, 6);
+    pair_close(&p);
+
+    pair_open(&p, ring, 20000);
+    small_pingpong(&p, 20000, 1);
+    CHECK_RING_ZERO(p.cli);
+    CHECK_RING_ZERO(p.srv);
+    printf("  window_interop: windows %u and %u against consumers that return credit every quarter ring\n",
+           p.cli->tx.window, p.srv->tx.window);
+    pair_close(&p);
 }
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
@@ -3242,6 +3402,9 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "word_shutdown_rd", t_word_shutdown_rd },
     { "word_spurious", t_word_spurious },
     { "spin_when_busy", t_spin_when_busy },
+    { "window_small", t_window_small },
+    { "window_grows", t_window_grows },
+    { "window_interop", t_window_interop },
 };
 #define NTESTS (int)(sizeof tests / sizeof tests[0])
 
