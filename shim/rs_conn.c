@@ -76,15 +76,17 @@ rs_conn *rs_conn_alloc(void)
     return p;
 }
 
-/* Sizes of both rings.  The producer starts with a small window and the consumer returns
- * credit at a quarter of it; both grow with the traffic (rs_produce.c). */
-void rs_conn_set_ring(rs_conn *c, uint32_t ring_size)
+/* Sizes of both rings.  With `windowed` (rings whose pages are committed as they are
+ * touched: shm), the producer starts with a small window and the consumer returns credit
+ * at a quarter of it; both grow with the traffic (rs_produce.c).  Registered rdma rings
+ * are pinned whole, so a window would save nothing there. */
+void rs_conn_set_ring(rs_conn *c, uint32_t ring_size, int windowed)
 {
     c->ring_size = ring_size;
     c->mask = ring_size - 1;
     c->max_payload = rs_max_payload(ring_size);
-    c->tx.window = ring_size < RS_WINDOW_MIN ? ring_size : RS_WINDOW_MIN;
-    rs_rx_saw_wrap(c, 0);
+    c->tx.window = !windowed || ring_size < RS_WINDOW_MIN ? ring_size : RS_WINDOW_MIN;
+    rs_rx_saw_wrap(c, windowed ? 0 : ring_size - 8);
 }
 
 void rs_conn_free(rs_conn *c)

@@ -191,7 +191,7 @@ static inline void rs_rx_saw_wrap(rs_conn *c, uint32_t off)
 }
 
 /* rs_conn.c */
-void     rs_conn_set_ring(rs_conn *c, uint32_t ring_size);
+void     rs_conn_set_ring(rs_conn *c, uint32_t ring_size, int windowed);
 void     rs_conn_move_fd(rs_conn *c, int newfd);
 void     rs_conn_after_fork_child(rs_conn *c);
 long     rs_c_send(rs_conn *c, const void *b, size_t n, int flags);

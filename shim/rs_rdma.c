@@ -298,7 +298,7 @@ rs_conn *rs_conn_attach_rdma(void *base, size_t len, uint32_t ring_size, uint64_
     if (!c || !r) { free(c); free(r); errno = ENOMEM; return NULL; }
     uint8_t *b = base;
     c->fd = fd;
-    rs_conn_set_ring(c, ring_size);
+    rs_conn_set_ring(c, ring_size, 0);
     c->salt = salt;
     c->rx.ring = b + RS_RDMA_HDR;
     c->tx.ring = b + RS_RDMA_HDR + ring_size;           /* the shadow of the peer's ring */

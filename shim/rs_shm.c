@@ -104,7 +104,7 @@ rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uin
     if (!c) return NULL;
     c->ops = &rs_transport_shm;
     c->fd = fd;
-    rs_conn_set_ring(c, seg->ring_size);
+    rs_conn_set_ring(c, seg->ring_size, 1);
     c->salt = seg->salt;
     uint8_t *ring0 = (uint8_t *)seg->base + RS_SEG_HDR_SIZE, *ring1 = ring0 + seg->ring_size;
     int rx_dir = is_server ? RS_DIR_C2S : RS_DIR_S2C;
