@@ -13,8 +13,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 API = """
-int rse_listen(int fd);
-void rse_unlisten(int fd);
+int rse_listen(int fd, int *marker);
+void rse_unlisten(int handle, int detach);
 int rse_connect_plan(int fd, const void *sa, int salen);
 void rse_hello(int handle);
 int rse_accept(int lfd, int fd);
@@ -53,12 +53,12 @@ def rse_status(why, whylen):
     return 0
 
 @ffi.def_extern(error=0, onerror=_quiet)
-def rse_listen(fd):
-    return _engine.listen(fd)
+def rse_listen(fd, marker):
+    return _engine.listen(fd, marker)
 
 @ffi.def_extern(onerror=_quiet)
-def rse_unlisten(fd):
-    _engine.unlisten(fd)
+def rse_unlisten(handle, detach):
+    _engine.unlisten(handle, detach)
 
 @ffi.def_extern(error=0, onerror=_quiet)
 def rse_connect_plan(fd, sa, salen):

@@ -120,15 +120,13 @@ def enter(exe, root, own):
     Raises ImportError saying what is missing."""
     if own:
         sys.stdout = sys.stderr = _Sink()
-        import site
-        for d in site_dirs(exe, root):
-            if d not in sys.path:
-                site.addsitedir(d)
-    else:
-        # A Python program: its own modules come first; ours are only a fallback.
-        for d in site_dirs(exe, root)[1:]:
-            if d not in sys.path:
-                sys.path.append(d)
+    # The directories only, without their .pth files: those import what other packages
+    # want at start-up (pathlib, urllib, ...), memory in every preloaded process, and the
+    # engine needs none of it.  In a Python program its own modules come first; ours are
+    # only a fallback.
+    for d in site_dirs(exe, root)[0 if own else 1:]:
+        if d not in sys.path:
+            sys.path.append(d)
     try:
         import _cffi_backend  # noqa: F401  (what every cffi module needs)
     except ImportError as exc:

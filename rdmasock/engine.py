@@ -80,8 +80,10 @@ def _log(role, sock, transport, reason):
     log.connection(role, local, peer, transport, reason)
 
 
-def listen(fd):
-    """A listener: its rendezvous name.  Returns a handle (> 0) or 0."""
+def listen(fd, marker_out=None):
+    """A listener: its rendezvous name.  Returns a handle (> 0) or 0; marker_out[0] gets
+    the name's descriptor (a forked child that has not entered the engine closes its copy
+    itself, then tells unlisten to detach it)."""
     cfg = config.get()
     if cfg.disabled or ("shm" not in cfg.transports and "rdma" not in cfg.transports):
         return 0
@@ -96,12 +98,16 @@ def listen(fd):
     if marker is None:
         log.line("pid=%d role=listener local=%s:%s not registered: its rendezvous name is taken" % (os.getpid(), name[0], name[1]), level=3)
         return 0
+    if marker_out is not None:
+        marker_out[0] = marker.fileno()
     return _new_handle(_listeners, marker)
 
 
-def unlisten(handle):
+def unlisten(handle, detach=0):
     m = _listeners.pop(handle, None)
-    if m is not None:
+    if m is not None and detach:
+        m.detach()                              # already closed by the front, in a fork's child
+    elif m is not None:
         rendezvous.close_marker(m)
 
 

@@ -41,7 +41,6 @@ Connection parameters travel as PARAMS (72 bytes, big endian, no padding):
 """
 import errno
 import os
-import secrets
 import struct
 import time
 from collections import namedtuple
@@ -98,7 +97,7 @@ class Endpoint:
         self._v = None
         self._regions = {}
         self.peer = None
-        self.psn = secrets.randbits(24)
+        self.psn = int.from_bytes(os.urandom(3), "little")
         self.sq_depth = sq_depth
         want_inline = max_inline if max_inline is not None else int(config.value(env, "RDMA_INLINE"))
         err = _err_buf(ffi)

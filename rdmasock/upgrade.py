@@ -6,7 +6,6 @@ loops never wait here.  Only this module reads the handshake bytes, always by pe
 first, so bytes that are not a handshake are left to the application untouched."""
 import errno
 import os
-import secrets
 import select
 import socket as _s
 import time
@@ -283,7 +282,9 @@ class Client(_Side):
         super().__init__(sock)
         self.marker = marker
         self.reserved = reserved     # ring memory held for the segment (transport_shm.reserve)
-        self.nonce = secrets.token_bytes(16)
+        # os.urandom, not the secrets module: that would load hashlib and libcrypto into
+        # every preloaded program (3 MiB and more of each process's memory).
+        self.nonce = os.urandom(16)
         self.hello_sent = False
         self.rdma = None             # transport_rdma.Side while rdma is offered
         self.local_reason = None     # why this side could not offer rdma
@@ -445,7 +446,7 @@ class Server(_Side):
         cfg = config.get()
         if not 12 <= hello.ring_log2 <= 30:
             return Outcome("tcp", "rdma_connect_failed")
-        salt = secrets.randbits(64)
+        salt = int.from_bytes(os.urandom(8), "little")
         side = None
         try:
             side = transport_rdma.Side(1 << hello.ring_log2)
@@ -463,7 +464,7 @@ class Server(_Side):
     def _choose_shm(self, hello, reply):
         cfg = config.get()
         ring_log2 = min(max(hello.ring_log2, 12), cfg.ring_size.bit_length() - 1, 30)
-        salt = secrets.randbits(64)
+        salt = int.from_bytes(os.urandom(8), "little")
         stage = "shm_unavailable"
         memfd = None
         try:

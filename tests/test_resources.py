@@ -1,6 +1,7 @@
 """Resources stay bounded: idle upgraded connections commit little memory, and the
 process's ring memory has a cap (RDMASOCK_RING_MEMORY_MAX) above which new connections
-stay TCP with reason ring_memory_limit, and below which closed connections give it back."""
+stay TCP with reason ring_memory_limit, and below which closed connections give it back.
+A forked child that never upgrades a socket does not copy the engine's interpreter."""
 import collections
 import json
 import os
@@ -118,3 +119,29 @@ def test_closed_connections_give_ring_memory_back(idle_conns, tmp_path):
     assert verified
     assert _kinds(cli) == {("shm", None): 10, ("tcp", "ring_memory_limit"): 30}
     assert cli["ring_memory"] == srv["ring_memory"] == 10 * SEGMENT
+
+
+@pytest.fixture(scope="module")
+def fork_children(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("fork") / "fork_children")
+    subprocess.run(["gcc", "-O2", "-Wall", "-pthread", "-o", path, os.path.join(HERE, "c", "fork_children.c")],
+                   check=True, timeout=120)
+    return path
+
+
+def test_forked_children_share_the_interpreter_until_they_use_it(fork_children, tmp_path):
+    """A preloaded process with the engine running forks: a child that never touches a
+    socket stays small (Python's after-fork work, which writes ~0.6 MiB of the
+    interpreter's pages, waits for the child's first socket), and children whose first
+    socket comes from a thread they started, from a grandchild, or from the forking thread
+    itself are all upgraded."""
+    log = tmp_path / "log"
+    r = subprocess.run(RUN + [fork_children], env=dict(os.environ, RDMASOCK_LOG_FILE=str(log)),
+                       capture_output=True, timeout=120)
+    out = r.stdout.decode().split("\n")
+    assert r.returncode == 0 and r.stderr == b"", (out, r.stderr)
+    assert out[1:5] == ["child threaded ok", "child nested ok", "child direct ok", "done"], out
+    dirty = int(out[0].split()[1])
+    assert 0 < dirty <= 300, "the idle child has %d KiB of private dirty memory" % dirty
+    lines = open(log).read().splitlines()
+    assert len(lines) == 6 and all("transport=shm" in l for l in lines), lines

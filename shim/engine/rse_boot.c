@@ -14,6 +14,9 @@
 
 static PyGILState_STATE rse_fork_gil;
 static int rse_fork_held;
+static int rse_own;                  /* we started the interpreter: no Python of the host's runs */
+static int rse_child_due;            /* this is a fork's child, and Python's after-fork work waits */
+static pthread_t rse_child_thread;   /* ... for the thread that forked, which holds the GIL */
 
 /* A C-level fork() in a host whose interpreter we started (os.fork handles itself). */
 static void rse_fork_prepare(void)
@@ -30,12 +33,42 @@ static void rse_fork_parent(void)
     PyOS_AfterFork_Parent();
     PyGILState_Release(rse_fork_gil);
 }
+/* Python's after-fork work (its own state, then the modules' callbacks: threading's and
+ * others) writes pages of the interpreter that the child would otherwise keep sharing
+ * with its parent, about 0.6 MiB.  Where no Python but ours runs, it waits for the
+ * child's first use of the engine (rse_fork_settle), so a child that never upgrades a
+ * socket (PostgreSQL's background processes, a shell's commands) never copies them. */
 static void rse_fork_child(void)
 {
     if (!rse_fork_held) return;
     rse_fork_held = 0;
+    if (rse_own) {
+        rse_child_thread = pthread_self();
+        __atomic_store_n(&rse_child_due, 1, __ATOMIC_RELEASE);
+        return;
+    }
     PyOS_AfterFork_Child();
     PyGILState_Release(rse_fork_gil);
+}
+
+/* Called before every entry into the engine, and before the process starts a thread:
+ * 0 when this thread may enter.  In a child whose after-fork work is still due, only the
+ * thread that forked can do it (it holds the GIL, and Python's state says it is the one
+ * thread left); any other thread gets -1 and its socket stays on TCP.  The front does it
+ * before its own process starts a second thread, so that is rare. */
+__attribute__((visibility("default"))) int rse_fork_pending(void)
+{
+    return __atomic_load_n(&rse_child_due, __ATOMIC_ACQUIRE);
+}
+
+__attribute__((visibility("default"))) int rse_fork_settle(void)
+{
+    if (!__atomic_load_n(&rse_child_due, __ATOMIC_ACQUIRE)) return 0;
+    if (!pthread_equal(pthread_self(), rse_child_thread)) return -1;
+    PyOS_AfterFork_Child();
+    PyGILState_Release(rse_fork_gil);
+    __atomic_store_n(&rse_child_due, 0, __ATOMIC_RELEASE);
+    return 0;
 }
 
 /* The pending exception as one line ("Type: message"), cleared. */
@@ -128,6 +161,7 @@ __attribute__((visibility("default"))) int rse_boot(const char *exe, const char 
     }
     int own = !Py_IsInitialized();
     if (own && start_interpreter(exe, why, whylen) < 0) return -1;
+    rse_own = own;
 
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = enter_world(exe, root, own, why, whylen);

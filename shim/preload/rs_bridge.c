@@ -14,6 +14,7 @@
 #include <time.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 __thread int rs_in_engine;
@@ -21,8 +22,8 @@ __thread int rs_in_engine;
 static struct {
     int (*boot)(const char *exe, const char *root, char *why, int whylen);
     int (*status)(char *why, int whylen);
-    int (*listen)(int);
-    void (*unlisten)(int);
+    int (*listen)(int, int *);           /* a listener's handle, and its rendezvous name's descriptor */
+    void (*unlisten)(int, int);
     int (*connect_plan)(int, const void *, int);
     void (*hello)(int);
     int (*accept)(int, int);
@@ -31,6 +32,8 @@ static struct {
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
     void (*release)(uintptr_t);          /* before rs_conn_free of an rdma connection */
     void (*fell_back)(int, int, uintptr_t);   /* an rdma connection went on over TCP (log) */
+    int (*fork_settle)(void);            /* 0: this thread may enter (rse_boot.c) */
+    int (*fork_pending)(void);           /* 1: a fork's child that has not entered yet */
 } eng;
 static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -93,9 +96,11 @@ static int engine_load(void)
     SYM(boot, "rse_boot"); SYM(status, "rse_status"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
     SYM(drop, "rse_drop"); SYM(step, "rse_step"); SYM(plain, "rse_plain");
-    SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back");
+    SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back"); SYM(fork_settle, "rse_fork_settle");
+    SYM(fork_pending, "rse_fork_pending");
     if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
-        !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back) {
+        !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back || !eng.fork_settle ||
+        !eng.fork_pending) {
         snprintf(why, sizeof why, "engine_incomplete: %.1900s lacks an rse_* entry point (a mismatched build)", path);
         log_unusable(why);
         return 0;
@@ -112,10 +117,71 @@ static int host_holds_gil(void)
     return initialized && holds && initialized() && holds();
 }
 
+/* Listeners' rendezvous names (handle -> descriptor).  Every forked child closes the
+ * listeners it inherited (a PostgreSQL postmaster's children do at once): one that has not
+ * entered the engine (rse_fork_settle) closes its copy of the name here, without Python,
+ * and the engine only forgets the handle if the child enters it later.  Where an entry
+ * does not fit, the child enters the engine for that close, as before. */
+#define MAX_NAMES 64
+static struct { int handle, fd, closed; } names[MAX_NAMES];
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static int names_closed;            /* entries closed by a child, for the engine to forget */
+
+static void name_note(int handle, int fd)
+{
+    pthread_mutex_lock(&names_lock);
+    for (int i = 0; i < MAX_NAMES; i++)
+        if (!names[i].handle) { names[i].handle = handle; names[i].fd = fd; names[i].closed = 0; break; }
+    pthread_mutex_unlock(&names_lock);
+}
+
+/* 1 if the name of `handle` was closed here (a child that has not entered the engine). */
+static int name_close_in_child(int handle)
+{
+    int done = 0;
+    pthread_mutex_lock(&names_lock);
+    for (int i = 0; i < MAX_NAMES && !done; i++)
+        if (names[i].handle == handle && !names[i].closed) {
+            syscall(SYS_close, names[i].fd);
+            names[i].closed = 1;
+            names_closed = 1;
+            done = 1;
+        }
+    pthread_mutex_unlock(&names_lock);
+    return done;
+}
+
+static void name_forget(int handle)
+{
+    pthread_mutex_lock(&names_lock);
+    for (int i = 0; i < MAX_NAMES; i++)
+        if (names[i].handle == handle) names[i].handle = 0;
+    pthread_mutex_unlock(&names_lock);
+}
+
+/* The engine may be entered from this thread (rse_boot.c: rse_fork_settle).  Names a child
+ * closed before are forgotten by the engine now (their descriptors are closed already). */
+static int fork_settled(void)
+{
+    int e = errno, was = rs_in_engine;
+    rs_in_engine = 1;
+    int r = eng.fork_settle();
+    if (r == 0 && __atomic_load_n(&names_closed, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&names_lock);
+        names_closed = 0;
+        for (int i = 0; i < MAX_NAMES; i++)
+            if (names[i].handle && names[i].closed) { eng.unlisten(names[i].handle, 1); names[i].handle = 0; }
+        pthread_mutex_unlock(&names_lock);
+    }
+    rs_in_engine = was;
+    errno = e;
+    return r == 0;
+}
+
 int rs_engine_ready(void)
 {
     int s = __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE);
-    if (s) return s > 0;
+    if (s) return s > 0 && fork_settled();
     if (rs_in_engine) return 0;
     int e = errno;
     rs_in_engine = 1;
@@ -132,14 +198,31 @@ int rs_engine_ready(void)
     pthread_mutex_unlock(&eng_lock);
     rs_in_engine = 0;
     errno = e;
-    return eng_state > 0;
+    return eng_state > 0 && fork_settled();
 }
 
-int rs_engine_loaded(void) { return __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE) > 0; }
+int rs_engine_loaded(void) { return __atomic_load_n(&eng_state, __ATOMIC_ACQUIRE) > 0 && fork_settled(); }
+
+/* A forked child's deferred after-fork work (rse_fork_settle) is done by the thread that
+ * forked, before it starts another: after that, any thread may enter the engine. */
+RS_EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+    if (!real) return EAGAIN;
+    if (!rs_in_engine) rs_engine_loaded();
+    return real(t, attr, fn, arg);
+}
 
 #define CALL(expr) do { int e_ = errno; rs_in_engine = 1; expr; rs_in_engine = 0; errno = e_; } while (0)
 
-int rs_br_listen(int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.listen(fd)); return r; }
+int rs_br_listen(int fd)
+{
+    int r = 0, name = -1;
+    if (rs_engine_ready()) CALL(r = eng.listen(fd, &name));
+    if (r > 0 && name >= 0) name_note(r, name);
+    return r;
+}
 int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
 {
     int r = 0;
@@ -160,7 +243,13 @@ static int host_step(int handle, int wait_ms, uintptr_t *out)
     CALL(r = eng.step(handle, wait_ms, out));
     return r;
 }
-static void host_unlisten(int handle) { if (rs_engine_loaded()) CALL(eng.unlisten(handle)); }
+static void host_unlisten(int handle)
+{
+    if (__atomic_load_n(&eng_state, __ATOMIC_ACQUIRE) <= 0) return;
+    if (eng.fork_pending() && name_close_in_child(handle)) return;
+    name_forget(handle);
+    if (rs_engine_loaded()) CALL(eng.unlisten(handle, 0));
+}
 static void host_release(rs_conn *c) { if (rs_engine_loaded()) CALL(eng.release((uintptr_t)c)); }
 static void host_fell_back(int fd, int role, rs_conn *c)
 {
@@ -172,4 +261,11 @@ static const struct rs_host_ops preload_host = {
     .fell_back = host_fell_back, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
 };
 
-__attribute__((constructor)) static void bridge_init(void) { rs_host = &preload_host; }
+/* A thread that held the lock of the names at the fork does not exist in the child. */
+static void names_after_fork(void) { pthread_mutex_init(&names_lock, NULL); }
+
+__attribute__((constructor)) static void bridge_init(void)
+{
+    rs_host = &preload_host;
+    pthread_atfork(NULL, NULL, names_after_fork);
+}
