@@ -144,7 +144,7 @@ static int name_close_in_child(int handle)
         if (names[i].handle == handle && !names[i].closed) {
             syscall(SYS_close, names[i].fd);
             names[i].closed = 1;
-            names_closed = 1;
+            __atomic_store_n(&names_closed, 1, __ATOMIC_RELEASE);
             done = 1;
         }
     pthread_mutex_unlock(&names_lock);
@@ -168,7 +168,7 @@ static int fork_settled(void)
     int r = eng.fork_settle();
     if (r == 0 && __atomic_load_n(&names_closed, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&names_lock);
-        names_closed = 0;
+        __atomic_store_n(&names_closed, 0, __ATOMIC_RELAXED);
         for (int i = 0; i < MAX_NAMES; i++)
             if (names[i].handle && names[i].closed) { eng.unlisten(names[i].handle, 1); names[i].handle = 0; }
         pthread_mutex_unlock(&names_lock);
