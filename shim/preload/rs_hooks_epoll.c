@@ -275,55 +275,93 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
     return n;
 }
 
+/* One kernel event e of member m, checked against its ring (caller holds the set's
+ * lock). */
+static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
+{
+    struct rs_sock *h = rs_handshake_sock(m->fd);
+    if (h) {
+        /* woken by handshake bytes: settle, and report only the application's data */
+        rs_sock_settle(h);
+        struct rs_sock *r = rs_ring_sock(m->fd);
+        if (rs_only_handshake(h) || (r && !rs_rx_ready(r->conn)))
+            e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+        if (r) rs_sock_put(r);
+        rs_sock_put(h);
+    }
+    struct rs_sock *k2 = rs_ring_sock(m->fd);
+    if (!k2) return;
+    rs_conn *c = k2->conn;
+    /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
+     * under the preload, rs_doorbell.c): the ring says whether data is there; for
+     * an edge-triggered member, whether new data came since its last edge (the
+     * doorbell of data already reported makes a kernel edge of its own) */
+    int stale_edge = (m->events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == m->et_mark;
+    if ((e->events & (EPOLLIN | EPOLLRDNORM)) && !(e->events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
+        (stale_edge || !rs_rx_ready(c))) {
+        e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+        if (!e->events && (m->events & EPOLLONESHOT)) {
+            /* the kernel's one shot went on a stale doorbell: arm it again */
+            struct epoll_event again = { .events = m->events, .data = m->data };
+            rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &again);
+            rs_sock_put(k2);
+            return;
+        }
+    }
+    if ((e->events & EPOLLOUT) && !rs_tx_writable(c)) {
+        if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) e->events &= ~(uint32_t)EPOLLOUT;
+    }
+    if (e->events & EPOLLOUT) m->out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
+    /* the kernel's report counts as ours: no second edge, no second one-shot */
+    if (e->events & EPOLLIN) m->et_mark = rs_rx_produced(c);
+    if (m->events & EPOLLONESHOT) m->disarmed = 1;
+    rs_sock_put(k2);
+}
+
+static inline size_t data_hash(uint64_t x) { return (size_t)((x * 0x9E3779B97F4A7C15ull) >> 32); }
+
+/* who[j]: the first member whose data is ev[j]'s (-1: none; the kernel returns only the
+ * data), found in O(members + events) rather than a search per event, as a set may hold
+ * a thousand members.  The buffers are per thread and grow; NULL if they cannot. */
+static int *ep_match(const struct ep_set *s, const struct epoll_event *ev, int k)
+{
+    static __thread int *buf;
+    static __thread size_t cap;
+    size_t t = 16;
+    while (t < 2 * (size_t)k) t <<= 1;
+    size_t need = 2 * (size_t)k + t;
+    if (need > cap) {
+        int *b = realloc(buf, need * sizeof *b);
+        if (!b) return NULL;
+        buf = b;
+        cap = need;
+    }
+    int *who = buf, *next = buf + k, *head = buf + 2 * (size_t)k;
+    for (size_t h = 0; h < t; h++) head[h] = -1;
+    for (int j = k - 1; j >= 0; j--) {
+        size_t h = data_hash(ev[j].data.u64) & (t - 1);
+        next[j] = head[h];
+        head[h] = j;
+        who[j] = -1;
+    }
+    for (int i = 0; i < s->n; i++)
+        for (int j = head[data_hash(s->m[i].data.u64) & (t - 1)]; j >= 0; j = next[j])
+            if (who[j] < 0 && ev[j].data.u64 == s->m[i].data.u64) who[j] = i;
+    return who;
+}
+
 /* The kernel's events, checked against the rings (caller holds the set's lock).  The
  * kernel's EPOLLOUT only says the TCP socket has room; for an upgraded socket the ring
  * must have it: EPOLLOUT is dropped for full rings (asking the peer for a credit
  * doorbell).  Returns how many events remain. */
 static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int k)
 {
-    int n = 0;
+    int n = 0, *who = ep_match(s, ev, k);
     for (int j = 0; j < k; j++) {
-        for (int i = 0; i < s->n; i++) {
-            if (s->m[i].data.u64 != ev[j].data.u64) continue;
-            struct rs_sock *h = rs_handshake_sock(s->m[i].fd);
-            if (h) {
-                /* woken by handshake bytes: settle, and report only the application's data */
-                rs_sock_settle(h);
-                struct rs_sock *r = rs_ring_sock(s->m[i].fd);
-                if (rs_only_handshake(h) || (r && !rs_rx_ready(r->conn)))
-                    ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
-                if (r) rs_sock_put(r);
-                rs_sock_put(h);
-            }
-            struct rs_sock *k2 = rs_ring_sock(s->m[i].fd);
-            if (!k2) break;
-            rs_conn *c = k2->conn;
-            /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
-             * under the preload, rs_doorbell.c): the ring says whether data is there; for
-             * an edge-triggered member, whether new data came since its last edge (the
-             * doorbell of data already reported makes a kernel edge of its own) */
-            int stale_edge = (s->m[i].events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == s->m[i].et_mark;
-            if ((ev[j].events & (EPOLLIN | EPOLLRDNORM)) && !(ev[j].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
-                (stale_edge || !rs_rx_ready(c))) {
-                ev[j].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
-                if (!ev[j].events && (s->m[i].events & EPOLLONESHOT)) {
-                    /* the kernel's one shot went on a stale doorbell: arm it again */
-                    struct epoll_event again = { .events = s->m[i].events, .data = s->m[i].data };
-                    rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, s->m[i].fd, &again);
-                    rs_sock_put(k2);
-                    break;
-                }
-            }
-            if ((ev[j].events & EPOLLOUT) && !rs_tx_writable(c)) {
-                if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) ev[j].events &= ~(uint32_t)EPOLLOUT;
-            }
-            if (ev[j].events & EPOLLOUT) s->m[i].out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
-            /* the kernel's report counts as ours: no second edge, no second one-shot */
-            if (ev[j].events & EPOLLIN) s->m[i].et_mark = rs_rx_produced(c);
-            if (s->m[i].events & EPOLLONESHOT) s->m[i].disarmed = 1;
-            rs_sock_put(k2);
-            break;
-        }
+        int i = who ? who[j] : 0;
+        if (!who)
+            while (i < s->n && s->m[i].data.u64 != ev[j].data.u64) i++;
+        if (i >= 0 && i < s->n) ep_filter_one(epfd, &ev[j], &s->m[i]);
         if (ev[j].events) ev[n++] = ev[j];
     }
     return n;
