@@ -86,7 +86,7 @@ void rs_conn_set_ring(rs_conn *c, uint32_t ring_size, int windowed)
     c->mask = ring_size - 1;
     c->max_payload = rs_max_payload(ring_size);
     c->tx.window = !windowed || ring_size < RS_WINDOW_MIN ? ring_size : RS_WINDOW_MIN;
-    rs_rx_saw_wrap(c, windowed ? 0 : ring_size - 8);
+    c->rx.credit_lag = c->tx.window / 4;      /* the peer's window starts as ours, until its WRAPs show it */
 }
 
 void rs_conn_free(rs_conn *c)
