@@ -192,9 +192,13 @@ void rs_note_sock_error(rs_conn *c, int e)
 }
 
 /* The peer's RESYNC frame waits on the socket behind doorbell bytes: its direction moved
- * to TCP (its MOVED record is in our ring), so a TCP FIN after it is a half-close. */
+ * to TCP (its MOVED record is in our ring), so a TCP FIN after it is a half-close.  Not
+ * known while the client's preamble frames are still unread in front (megabytes, if it
+ * wrote before the handshake ended): its SWITCH, doorbells and any RESYNC frame follow
+ * them, and the preamble's reader tells an end of the stream there (rs_preamble.c). */
 static int peer_moved(rs_conn *c)
 {
+    if (RS_GET(c->rx.pre.active)) return 1;
     uint8_t buf[4096];
     long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     int next;

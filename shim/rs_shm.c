@@ -135,17 +135,30 @@ static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
 }
 
 /* Producer (caller holds tx_lock): the records are in the peer's ring already; wake the
- * consumer if it asked for it, by the means it asked for (want_bell's bits). */
+ * consumer if it asked for it, by the means it asked for (want_bell's bits).  The bell is
+ * counted before the request is claimed: a consumer that withdraws its request (before
+ * its close) and then reads the counter knows of every bell still to come, and reads it
+ * off the socket (a byte arriving after the close would make the kernel reset the
+ * connection, and after a move to TCP the reset throws away stream data). */
 static void shm_flush(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->tx.ctl;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);           /* pairs with the consumer's fence */
     uint32_t want = __atomic_load_n(&k->want_bell, __ATOMIC_RELAXED);
     if (!want) return;                                  /* a bell is pending */
+    if (!(want & RS_WANT_EVERY) && __atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
+        c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
+        return;                                         /* a spinning recv will absorb it */
+    if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY))) {
+        /* only a sleeper on the shared word: no byte, nothing to count (a bell asked for
+         * meanwhile stays for the next record: its consumer looks at the ring after asking) */
+        if (__atomic_fetch_and(&k->want_bell, ~RS_WANT_FUTEX, __ATOMIC_SEQ_CST) & RS_WANT_FUTEX)
+            rs_word_raise(&k->data_seq);
+        return;
+    }
+    __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+    want = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
     if (!(want & RS_WANT_EVERY)) {
-        if (__atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
-            c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
-            return;                                     /* a spinning recv will absorb it */
         want = __atomic_exchange_n(&k->want_bell, 0, __ATOMIC_SEQ_CST);
         /* RS_WANT_EVERY asked for meanwhile: it stays */
         if (want & RS_WANT_EVERY) __atomic_fetch_or(&k->want_bell, RS_WANT_EVERY, __ATOMIC_SEQ_CST);
@@ -154,13 +167,13 @@ static void shm_flush(rs_conn *c)
          * TCP, so every publication rings, spinning consumer or not; the request stays. */
         want = __atomic_fetch_and(&k->want_bell, ~RS_WANT_FUTEX, __ATOMIC_SEQ_CST);
     }
-    if (want & RS_WANT_FUTEX) rs_word_raise(&k->data_seq);
-    if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY))) return;
-    __atomic_fetch_add(&k->data_bells, 1, __ATOMIC_SEQ_CST);
+    if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY)))
+        __atomic_fetch_sub(&k->data_bells, 1, __ATOMIC_SEQ_CST);      /* no bell after all */
     /* Not sent (send buffer full, e.g. of preamble the peer has not read yet): the
      * consumer still wants one, so the next record tries again. */
-    if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && !(want & RS_WANT_EVERY))
+    else if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && !(want & RS_WANT_EVERY))
         __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    if (want & RS_WANT_FUTEX) rs_word_raise(&k->data_seq);
 }
 
 /* Consumer: wake a producer blocked on a full ring (credit was just published).  Under
@@ -173,9 +186,12 @@ static void credit_bell(rs_conn *c)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&k->tx_waiting, __ATOMIC_RELAXED)) return;
     rs_lock(&c->tx.lock);
-    if (!c->tx.move.state && __atomic_exchange_n(&k->tx_waiting, 0, __ATOMIC_SEQ_CST)) {
-        __atomic_fetch_add(&k->credit_bells, 1, __ATOMIC_SEQ_CST);
-        if (!send_counted(c, RS_BELL_CREDIT, &k->credit_bells)) __atomic_store_n(&k->tx_waiting, 1, __ATOMIC_SEQ_CST);
+    if (!c->tx.move.state) {
+        __atomic_fetch_add(&k->credit_bells, 1, __ATOMIC_SEQ_CST);        /* counted before claimed, as in shm_flush */
+        if (!__atomic_exchange_n(&k->tx_waiting, 0, __ATOMIC_SEQ_CST))
+            __atomic_fetch_sub(&k->credit_bells, 1, __ATOMIC_SEQ_CST);
+        else if (!send_counted(c, RS_BELL_CREDIT, &k->credit_bells))
+            __atomic_store_n(&k->tx_waiting, 1, __ATOMIC_SEQ_CST);
     }
     rs_unlock(&c->tx.lock);
 }

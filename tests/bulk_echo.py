@@ -14,12 +14,19 @@ Each role runs with plain sockets ("plain", or under the preload library when st
                                            sockets SECONDS (as a program that computes or
                                            sleeps): the client's bytes must be taken in
                                            meanwhile, as TCP's kernel does
-  bulk_echo.py client MODE PORT SIZE [duplex|away]
+  bulk_echo.py late MODE SIZE SECONDS     prints "port N"; each connection: waits SECONDS
+                                           without reading, writes SIZE bytes, then reads to
+                                           the end and answers with the SHA-256 of what it
+                                           read (a server that talks before it listens,
+                                           while its client still writes)
+  bulk_echo.py client MODE PORT SIZE [duplex|away|late SIZE2]
                                            writes SIZE bytes before reading anything, then
                                            reads the echo and checks it byte for byte (duplex:
                                            a second thread reads while the first writes;
                                            away: reads the greeting first, so an upgraded
-                                           connection is on its ring before it writes).
+                                           connection is on its ring before it writes;
+                                           late: expects the late server's SIZE2 bytes and
+                                           the digest of its own instead of an echo).
                                            Prints one JSON line ("written": seconds until
                                            all was sent); exit 0 iff it matched.
 
@@ -71,15 +78,19 @@ def serve_forever(ls, handle):
 
 
 def echo(c):
+    n = 0
     try:
         while True:
             d = c.recv(CHUNK)
             if not d:
                 break
+            n += len(d)
             c.sendall(d)
+        if os.environ.get("BULK_ECHO_TRACE"):
+            print("echo %d: EOF after %d bytes %r" % (c.fileno(), n, getattr(c, "transport", None)), file=sys.stderr, flush=True)
         c.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+    except OSError as e:
+        print("echo %d: %s: %s" % (c.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
     finally:
         c.close()
 
@@ -114,6 +125,25 @@ def proxy(mode, upstream):
     serve_forever(listen(mode), handle)
 
 
+def late(size, seconds, c):
+    try:
+        time.sleep(seconds)
+        c.sendall(pattern(size))
+        h, n = hashlib.sha256(), 0
+        while True:
+            d = c.recv(CHUNK)
+            if not d:
+                break
+            h.update(d)
+            n += len(d)
+        c.sendall(h.digest())
+        c.shutdown(socket.SHUT_WR)
+    except OSError as e:
+        print("late %d: %s: %s" % (c.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
+    finally:
+        c.close()
+
+
 def read_all(s, got):
     while True:
         d = s.recv(CHUNK)
@@ -122,8 +152,9 @@ def read_all(s, got):
         got += d
 
 
-def client(mode, port, size, duplex, greeted):
+def client(mode, port, size, duplex, greeted, talked_to=0):
     data = pattern(size)
+    expected = pattern(talked_to) + hashlib.sha256(data).digest() if talked_to else data
     s = make_socket(mode)
     s.settimeout(TIMEOUT)
     t0 = time.monotonic()
@@ -145,9 +176,9 @@ def client(mode, port, size, duplex, greeted):
         else:
             read_all(s, got)
         out["received"] = len(got)
-        out["ok"] = bytes(got) == data
-        if not out["ok"] and len(got) == size:
-            out["first_diff"] = next(i for i in range(size) if got[i] != data[i])
+        out["ok"] = bytes(got) == expected
+        if not out["ok"] and len(got) == len(expected):
+            out["first_diff"] = next(i for i in range(len(got)) if got[i] != expected[i])
     except OSError as e:
         out["ok"] = False
         out["error"] = "%s: %s" % (type(e).__name__, e)
@@ -168,8 +199,12 @@ def main(argv):
     elif role == "away":
         away = float(argv[3])
         serve_forever(listen(mode), lambda c: (c.sendall(b"!"), time.sleep(away), echo(c)))
+    elif role == "late":
+        size, seconds = int(argv[3]), float(argv[4])
+        serve_forever(listen(mode), lambda c: late(size, seconds, c))
     elif role == "client":
-        return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"], argv[5:] == ["away"])
+        return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"], argv[5:] == ["away"],
+                      int(argv[6]) if argv[5:6] == ["late"] else 0)
     return 2
 
 

@@ -22,6 +22,7 @@ PROG = os.path.join(HERE, "bulk_echo.py")
 SYS_PY = "/usr/bin/python3"
 MODES = ["plain", "preload", "api"]
 MiB = 1 << 20
+SMALL = 320 << 10                          # a 256 KiB ring's worth and a little more
 MOVED = ("ring_stalled", "peer_moved")     # a full ring moved to TCP, by this side or its peer
 
 
@@ -36,12 +37,14 @@ def _cmd(mode, *args):
 class Server:
     def __init__(self, mode, role, log, *extra, env=None):
         env = dict(os.environ if env is None else env, RDMASOCK_LOG_FILE=log)
-        self.p = subprocess.Popen(_cmd(mode, role, "MODE", *extra), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=env)
+        self.errors = log + ".stderr"            # the programs' own complaints, kept for a failure
+        with open(self.errors, "wb") as err:
+            self.p = subprocess.Popen(_cmd(mode, role, "MODE", *extra), stdout=subprocess.PIPE,
+                                      stderr=err, env=env)
         line = self.p.stdout.readline().split()
         if not line or line[0] != b"port":
             self.stop()
-            raise RuntimeError("%s did not start: %r %r" % (role, line, self.p.stderr.read()))
+            raise RuntimeError("%s did not start: %r %r" % (role, line, open(self.errors).read()))
         self.port = int(line[1])
 
     def stop(self):
@@ -50,9 +53,10 @@ class Server:
         self.p.wait(10)
 
 
-def _client(mode, port, size, log, duplex=False):
+def _client(mode, port, size, log, duplex=False, late=0):
     env = dict(os.environ, RDMASOCK_LOG_FILE=log)
-    r = subprocess.run(_cmd(mode, "client", "MODE", str(port), str(size)) + (["duplex"] if duplex else []),
+    r = subprocess.run(_cmd(mode, "client", "MODE", str(port), str(size)) + (["duplex"] if duplex else []) +
+                       (["late", str(late)] if late else []),
                        capture_output=True, env=env, timeout=200)
     assert not r.stderr, r.stderr
     out = json.loads(r.stdout)
@@ -144,6 +148,28 @@ def test_moves_repeated_on_one_server(tmp_path, smode, cmode):
         srv.stop()
     text = open(slog).read()
     assert any("reason=%s " % r in text for r in MOVED) or smode == "api"
+
+
+@pytest.mark.parametrize("smode,cmode", [("preload", "preload"), ("api", "preload"), ("preload", "api"), ("api", "api")])
+def test_peer_moves_behind_its_unread_preamble(tmp_path, smode, cmode):
+    """The client writes a little more than its ring holds from the moment it connects (the
+    first bytes as preamble frames: its handshake is not over), then half-closes and reads;
+    the server, which does not spill, reads nothing for a second, then writes 4 MiB before
+    it reads.  The client's full ring moves to TCP and its half-close ends the TCP stream
+    while its preamble is still unread in the server's socket: the server's writer, waiting
+    for room now and then, must take that end for a peer that moved, not one that is gone
+    (it once failed with EPIPE)."""
+    slog = str(tmp_path / "server.log")
+    srv = Server(smode, "late", slog, str(4 * MiB), "1", env=dict(os.environ, RDMASOCK_SPILL="0"))
+    try:
+        for i in range(3):
+            clog = str(tmp_path / ("client%d.log" % i))
+            out = _client(cmode, srv.port, SMALL, clog, late=4 * MiB)
+            assert out["received"] == 4 * MiB + 32
+            _check_upgraded(cmode, smode, out, [clog], spill=False)
+    finally:
+        srv.stop()
+    assert not open(srv.errors).read()
 
 
 def test_duplex_on_a_busy_cpu(tmp_path):
