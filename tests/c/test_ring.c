@@ -1143,6 +1143,33 @@ static void t_stall_move(void)
     pair_close(&p);
 }
 
+/* The peer moved first and ours has not followed yet (it would at our next send) when our
+ * program half-closes: the end must reach the peer (it once reached it neither as a FIN
+ * record nor as a TCP FIN, and the peer waited for ever). */
+static void t_fin_after_peer_moved(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    uint64_t wpos = 0, rpos = 0;
+    uint8_t buf[1000];
+    fill_ring(p.srv, 1000, 5, &wpos);
+    uint64_t in_ring = wpos;
+    sleep_ms(p.srv->ops->stall_ms + 100);
+    fill_pat(buf, 5, wpos, sizeof buf);
+    ssize_t r = rs_send(p.srv, buf, sizeof buf, 1, 0);            /* MOVED, RESYNC, then TCP */
+    CHECK(r == (ssize_t)sizeof buf, "write after the stall returned %zd", r);
+    wpos += (uint64_t)r;
+    expect_pat(p.cli, 5, &rpos, in_ring);            /* the ring's records and MOVED behind them */
+    CHECK_EQ(p.cli->fb, 1);
+    CHECK_EQ(p.cli->fb_reason, RS_REASON_PEER_MOVED);
+    CHECK_EQ(rs_send_fin(p.cli), 0);
+    expect_recv_rc(p.srv, 0, 0, 2000);                            /* the end, not a wait */
+    expect_pat(p.cli, 5, &rpos, (size_t)(wpos - in_ring));
+    send_str(p.srv, "after fin");
+    expect_str(p.cli, "after fin");
+    pair_close(&p);
+}
+
 /* ---- SPILL (docs/PROTOCOL.md 6.9) ---------------------------------------------------- */
 
 static void raw_write(int fd, const void *b, size_t n);
@@ -3417,6 +3444,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "fin", t_fin },
     { "peer_gone", t_peer_gone },
     { "stall_move", t_stall_move },
+    { "fin_after_peer_moved", t_fin_after_peer_moved },
     { "spill", t_spill },
     { "spill_hostile", t_spill_hostile },
     { "spill_concurrent", t_spill_concurrent },
