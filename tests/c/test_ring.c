@@ -1143,6 +1143,22 @@ static void t_stall_move(void)
     pair_close(&p);
 }
 
+/* Fills c's ring, lets it stall and writes 1000 bytes more, which move the direction to
+ * TCP (MOVED record, RESYNC frame, then the bytes): the bytes that went by the ring. */
+static uint64_t fill_and_move(rs_conn *c, uint32_t stream, uint64_t *pos)
+{
+    uint8_t buf[1000];
+    fill_ring(c, sizeof buf, stream, pos);
+    uint64_t in_ring = *pos;
+    sleep_ms(c->ops->stall_ms + 100);
+    fill_pat(buf, stream, *pos, sizeof buf);
+    ssize_t r = rs_send(c, buf, sizeof buf, 1, 0);
+    CHECK(r == (ssize_t)sizeof buf, "write after the stall returned %zd", r);
+    CHECK_EQ(c->fb_reason, RS_REASON_RING_STALLED);
+    *pos += (uint64_t)r;
+    return in_ring;
+}
+
 /* The peer moved first and ours has not followed yet (it would at our next send) when our
  * program half-closes: the end must reach the peer (it once reached it neither as a FIN
  * record nor as a TCP FIN, and the peer waited for ever). */
@@ -1151,14 +1167,7 @@ static void t_fin_after_peer_moved(void)
     struct pair p;
     pair_open(&p, 4096, 0);
     uint64_t wpos = 0, rpos = 0;
-    uint8_t buf[1000];
-    fill_ring(p.srv, 1000, 5, &wpos);
-    uint64_t in_ring = wpos;
-    sleep_ms(p.srv->ops->stall_ms + 100);
-    fill_pat(buf, 5, wpos, sizeof buf);
-    ssize_t r = rs_send(p.srv, buf, sizeof buf, 1, 0);            /* MOVED, RESYNC, then TCP */
-    CHECK(r == (ssize_t)sizeof buf, "write after the stall returned %zd", r);
-    wpos += (uint64_t)r;
+    uint64_t in_ring = fill_and_move(p.srv, 5, &wpos);
     expect_pat(p.cli, 5, &rpos, in_ring);            /* the ring's records and MOVED behind them */
     CHECK_EQ(p.cli->fb, 1);
     CHECK_EQ(p.cli->fb_reason, RS_REASON_PEER_MOVED);
@@ -2159,15 +2168,7 @@ static void t_pre_moved_behind_preamble(void)
     pre_send_str(p.fd[1], "early");
     pre_switch(p.fd[1]);
     uint64_t wpos = 0, rpos = 0, spos = 0, crpos = 0;
-    uint8_t buf[1000];
-    fill_ring(p.cli, 1000, 7, &wpos);
-    uint64_t in_ring = wpos;
-    sleep_ms(p.cli->ops->stall_ms + 100);
-    fill_pat(buf, 7, wpos, sizeof buf);
-    ssize_t r = rs_send(p.cli, buf, sizeof buf, 1, 0);            /* MOVED, RESYNC, then TCP */
-    CHECK(r == (ssize_t)sizeof buf, "write after the stall returned %zd", r);
-    CHECK_EQ(p.cli->fb_reason, RS_REASON_RING_STALLED);
-    wpos += (uint64_t)r;
+    uint64_t in_ring = fill_and_move(p.cli, 7, &wpos);
     CHECK_EQ(rs_send_fin(p.cli), 0);                              /* a TCP FIN now */
     struct pollfd pf = { .fd = p.fd[0], .events = POLLRDHUP };
     CHECK(poll(&pf, 1, 2000) == 1 && (pf.revents & POLLRDHUP), "the client's FIN did not arrive");
