@@ -151,14 +151,15 @@ def test_moves_repeated_on_one_server(tmp_path, smode, cmode):
 
 
 @pytest.mark.parametrize("smode,cmode", [("preload", "preload"), ("api", "preload"), ("preload", "api"), ("api", "api")])
-def test_peer_moves_behind_its_unread_preamble(tmp_path, smode, cmode):
+def test_server_talks_late_to_an_early_writer(tmp_path, smode, cmode):
     """The client writes a little more than its ring holds from the moment it connects (the
     first bytes as preamble frames: its handshake is not over), then half-closes and reads;
     the server, which does not spill, reads nothing for a second, then writes 4 MiB before
-    it reads.  The client's full ring moves to TCP and its half-close ends the TCP stream
-    while its preamble is still unread in the server's socket: the server's writer, waiting
-    for room now and then, must take that end for a peer that moved, not one that is gone
-    (it once failed with EPIPE)."""
+    it reads, and answers with the digest of what it read.  Both directions arrive byte
+    for byte.  (While the server sleeps, the holder takes the client's records in, so the
+    client's ring does not stall here; the case of a ring that moves while its preamble is
+    unread, which once failed the server's send with EPIPE, is the C test
+    pre_moved_behind_preamble.)"""
     slog = str(tmp_path / "server.log")
     srv = Server(smode, "late", slog, str(4 * MiB), "1", env=dict(os.environ, RDMASOCK_SPILL="0"))
     try:
