@@ -340,7 +340,6 @@ int      rs_fb_rx_plain(rs_conn *c);
 int      rs_fb_rx_ready(rs_conn *c);
 int      rs_fb_tx_writable(rs_conn *c);
 int      rs_fb_tx_pending(rs_conn *c);
-int      rs_fb_tx_on_ring(rs_conn *c);
 int      rs_fb_finish_tx(rs_conn *c, int timeout_ms);
 void     rs_fb_shutdown(rs_conn *c);
 long     rs_fb_rx_available(rs_conn *c);

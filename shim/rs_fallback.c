@@ -186,13 +186,6 @@ void rs_fb_kick(rs_conn *c)
     if (RS_GET(c->fb) && c->tx.move.state != TX_PLAIN) tx_advance(c);
 }
 
-/* Our direction has not begun to move: nothing of it is on the socket yet (caller holds
- * tx_lock). */
-int rs_fb_tx_on_ring(rs_conn *c)
-{
-    return c->tx.move.state == TX_RING;
-}
-
 int rs_fb_tx_pending(rs_conn *c)
 {
     return (RS_GET(c->fb) && c->tx.move.state != TX_PLAIN) || RS_GET(c->switch_due);

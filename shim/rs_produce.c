@@ -311,11 +311,10 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
 }
 
 /* The end of our direction: a FIN (or RESET) record after the last data byte.  Always
- * fits (8 bytes reserved). */
-/* A direction that has not begun to move ends on its ring, even once the connection
- * moves (the peer moved first: ours would begin at our next send): the FIN record always
- * fits, and a move begun after it sends nothing.  Over a lossy transport whose ring
- * failed, and once ours has moved, the end is a TCP half-close after the resend. */
+ * fits (8 bytes reserved).  So also while the connection moves but our direction has not
+ * begun to (the peer moved first: ours would follow at our next send; a move begun after
+ * the record sends nothing).  Over a lossy transport whose ring failed, and once ours has
+ * begun to move, the end is a TCP half-close after the resend. */
 static int send_end(rs_conn *c, uint32_t lenword)
 {
     rs_lock(&c->tx.lock);
@@ -323,7 +322,7 @@ static int send_end(rs_conn *c, uint32_t lenword)
     if (!c->tx.fin_sent) {
         c->tx.fin_sent = 1;
         r = RS_GET(c->err) ? -RS_GET(c->err) : 0;
-        if (!r && RS_GET(c->fb) && (c->ops->lossy_failure || !rs_fb_tx_on_ring(c))) rs_fb_shutdown(c);
+        if (!r && RS_GET(c->fb) && (c->ops->lossy_failure || c->tx.move.state)) rs_fb_shutdown(c);
         else if (!r) {
             put_record(c, lenword, NULL, 0);
             rs_tx_flush_bell(c);

@@ -78,16 +78,12 @@ def serve_forever(ls, handle):
 
 
 def echo(c):
-    n = 0
     try:
         while True:
             d = c.recv(CHUNK)
             if not d:
                 break
-            n += len(d)
             c.sendall(d)
-        if os.environ.get("BULK_ECHO_TRACE"):
-            print("echo %d: EOF after %d bytes %r" % (c.fileno(), n, getattr(c, "transport", None)), file=sys.stderr, flush=True)
         c.shutdown(socket.SHUT_WR)
     except OSError as e:
         print("echo %d: %s: %s" % (c.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
@@ -129,13 +125,12 @@ def late(size, seconds, c):
     try:
         time.sleep(seconds)
         c.sendall(pattern(size))
-        h, n = hashlib.sha256(), 0
+        h = hashlib.sha256()
         while True:
             d = c.recv(CHUNK)
             if not d:
                 break
             h.update(d)
-            n += len(d)
         c.sendall(h.digest())
         c.shutdown(socket.SHUT_WR)
     except OSError as e:

@@ -146,6 +146,7 @@ def test_moves_repeated_on_one_server(tmp_path, smode, cmode):
             _check_upgraded(cmode, smode, out, [clog], spill=False)
     finally:
         srv.stop()
+    assert not open(srv.errors).read()             # no echo failed on the server's side either
     text = open(slog).read()
     assert any("reason=%s " % r in text for r in MOVED) or smode == "api"
 
