@@ -42,6 +42,8 @@ struct rs_rx_pre {
     uint8_t  active;          /* preamble frames come first */
     uint8_t  lazy;            /* ... and the client sends SWITCH only with records or bytes after it */
     uint8_t  seen;            /* a preamble frame header (DATA or SWITCH) was read */
+    uint8_t  hdr_got;         /* bytes of the next frame header taken off the socket so far */
+    uint8_t  hdr[8];          /* ... and they (RS_PRE_HDR) */
     uint32_t left;            /* payload bytes left in the open preamble frame */
     uint64_t bytes;           /* payload handed to the application from preamble frames */
 };
@@ -259,7 +261,6 @@ uint64_t rs_rx_produced(rs_conn *c);
 #define RS_PRE_MAX          65536u
 #define RS_PRE_NONBLOCK_MAX 16384u     /* a nonblocking write never waits long for a frame's tail */
 #define RS_PRE_OVER         (-100000)  /* rs_pre_recv: SWITCH consumed, go on with the ring */
-#define RS_PRE_PARTIAL_NS   5000000000ull  /* a frame header left incomplete this long is an error */
 ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int      rs_pre_switch(int fd);
 void     rs_pre_switch_later(rs_conn *c);

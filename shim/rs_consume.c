@@ -237,13 +237,16 @@ static int rx_activity(rs_conn *c)
 static ssize_t ring_available(rs_conn *c);
 
 /* During the preamble: the payload of the frames already on the TCP socket (looked at
- * with a bounded peek), plus the ring's records once SWITCH is among them. */
+ * with a bounded peek, behind the first bytes of a header already taken off it), plus
+ * the ring's records once SWITCH is among them. */
 static ssize_t pre_available(rs_conn *c)
 {
-    uint8_t buf[4096];
-    long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    uint8_t buf[RS_PRE_HDR + 4096];
+    size_t have = c->rx.pre.hdr_got;
+    memcpy(buf, c->rx.pre.hdr, have);
+    long n = rs_c_recv(c, buf + have, 4096, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) return 0;
-    size_t pos = 0, len = (size_t)n;
+    size_t pos = 0, len = have + (size_t)n;
     uint32_t left = c->rx.pre.left;
     ssize_t total = 0;
     for (;;) {

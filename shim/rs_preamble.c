@@ -11,8 +11,8 @@
  * client's last frame, sent as soon as it has read the answer: after it, the client's data
  * goes into the ring (ACCEPT) or follows as plain TCP bytes (DECLINE).  The server reads
  * frames until SWITCH before it looks at the ring, so the order of bytes is kept.
- * A frame is always written whole, so the server never sees half a header unless the
- * client died.
+ * A frame is always written whole; the server still takes a header in parts, as TCP
+ * hands it over (read_header).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -153,61 +153,74 @@ int rs_tx_switch_now(rs_conn *c)
     }
 }
 
-/* Bytes waiting on the socket (up to a header's worth). */
-static long peek_len(rs_conn *c)
+/* The known bytes of a frame header (got of RS_PRE_HDR) can start a valid one. */
+static int header_ok(const uint8_t *h, unsigned got)
 {
-    uint8_t h[RS_PRE_HDR];
-    return rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK);
+    if (got >= 1 && h[0] != RS_PRE_DATA && h[0] != RS_PRE_SWITCH) return 0;
+    for (unsigned i = 1; i < 4 && i < got; i++)
+        if (h[i]) return 0;
+    if (got < RS_PRE_HDR) return 1;
+    uint32_t len = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
+    return h[0] == RS_PRE_DATA ? len >= 1 && len <= RS_PRE_MAX : len == 0;
 }
 
-/* Server side, while c->rx.pre.active: reads the next frame header.  1 = a DATA frame is open
- * (c->rx.pre.left set) or SWITCH was seen (c->rx.pre.active cleared), 0 = EOF before a header,
- * -errno otherwise (-EAGAIN: not there yet). */
+/* Server side, while c->rx.pre.active and no frame is open: takes the next frame header
+ * off the socket.  Its bytes are taken as they come and kept (c->rx.pre.hdr): a frame is
+ * written whole, but a receiver whose buffer is full is sent the rest of a header only
+ * after it has read what came, so a wait for all 8 bytes to be readable could last for
+ * ever (and wake every poll on the socket meanwhile).  1 = a DATA frame is open
+ * (c->rx.pre.left set) or SWITCH was seen (c->rx.pre.active cleared), 0 = EOF before a
+ * header, -errno otherwise (-EAGAIN: not all there yet). */
 static int read_header(rs_conn *c)
 {
-    uint8_t h[RS_PRE_HDR];
-    long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
-    if ((n == 0 || n == -ECONNRESET) && c->tx.ring) {
-        /* An upgraded client's socket ended at a frame boundary: its process is gone (a
-         * lazy client that never wrote again sends no SWITCH; its kernel may reset over
-         * doorbell bytes it left unread).  What it wrote is in the ring, and the end reads
-         * as it does on the ring: end of stream, or a reset if it left our data unread. */
-        RS_SET(c->tcp_eof, 1);
-        RS_SET(c->rx.pre.active, 0);
-        return 1;
-    }
-    if (n == 0) return 0;
-    /* A client that closed right after its HELLO, having sent nothing: our ACCEPT reached
-     * a closed socket (or sat unread in it) and its kernel answered with a reset.  Over
-     * TCP that close is an end of stream, so it is one here. */
-    if (n == -ECONNRESET && !c->rx.bytes && !c->rx.pre.seen) return 0;
-    if (n < 0) return (int)n;
-    if (n < RS_PRE_HDR) {
-        /* Frames are written whole: the rest is in flight (or the client died). */
-        short re;
-        if (rs_c_poll(c, POLLRDHUP, 0, &re) > 0 && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
+    struct rs_rx_pre *pre = &c->rx.pre;
+    uint8_t *h = pre->hdr;
+    while (pre->hdr_got < RS_PRE_HDR) {
+        long n = rs_c_recv(c, h + pre->hdr_got, RS_PRE_HDR - pre->hdr_got, MSG_DONTWAIT);
+        if (n > 0) {
+            pre->hdr_got = (uint8_t)(pre->hdr_got + n);
+            if (!header_ok(h, pre->hdr_got)) break;
+            continue;
+        }
+        if (n != 0 && n != -ECONNRESET) return (int)n;
+        if (pre->hdr_got) {
             rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame header");
             return -ECONNRESET;
         }
-        return -EAGAIN;
+        if (c->tx.ring) {
+            /* An upgraded client's socket ended at a frame boundary: its process is gone (a
+             * lazy client that never wrote again sends no SWITCH; its kernel may reset over
+             * doorbell bytes it left unread).  What it wrote is in the ring, and the end
+             * reads as it does on the ring: end of stream, or a reset if it left our data
+             * unread. */
+            RS_SET(c->tcp_eof, 1);
+            RS_SET(pre->active, 0);
+            return 1;
+        }
+        /* A client that closed right after its HELLO, having sent nothing: our ACCEPT
+         * reached a closed socket (or sat unread in it) and its kernel answered with a
+         * reset.  Over TCP that close is an end of stream, so it is one here. */
+        if (n == 0 || (!c->rx.bytes && !pre->seen)) return 0;
+        return (int)n;
     }
     uint32_t len = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
-    int ok = h[1] == 0 && h[2] == 0 && h[3] == 0 &&
-             ((h[0] == RS_PRE_DATA && len >= 1 && len <= RS_PRE_MAX) || (h[0] == RS_PRE_SWITCH && len == 0));
-    if (!ok) {
-        rs_conn_set_error(c, EPROTO, "rdmasock: garbage preamble frame (kind 0x%02x, length %u)", h[0], len);
+    if (!header_ok(h, pre->hdr_got)) {
+        if (pre->hdr_got == RS_PRE_HDR)
+            rs_conn_set_error(c, EPROTO, "rdmasock: garbage preamble frame (kind 0x%02x, length %u)", h[0], len);
+        else
+            rs_conn_set_error(c, EPROTO, "rdmasock: garbage preamble frame (kind 0x%02x)", h[0]);
         return -EPROTO;
     }
-    rs_c_recv(c, h, RS_PRE_HDR, MSG_DONTWAIT);       /* peeked: present in full */
-    if (h[0] == RS_PRE_SWITCH) RS_SET(c->rx.pre.active, 0);
-    else c->rx.pre.left = len;
-    c->rx.pre.seen = 1;
+    pre->hdr_got = 0;
+    if (h[0] == RS_PRE_SWITCH) RS_SET(pre->active, 0);
+    else pre->left = len;
+    pre->seen = 1;
     return 1;
 }
 
-/* Waiting hooks: if the next thing on the socket is the SWITCH frame, consumes it (it is
- * not application data, so it must not make the socket look readable).  Returns 1 when
- * the preamble is over. */
+/* Waiting hooks: takes the next frame header off the socket if no frame is open (header
+ * bytes are not application data, so they must not make the socket look readable, and a
+ * SWITCH with nothing behind it is not data either).  Returns 1 when the preamble is over. */
 int rs_pre_settle(rs_conn *c)
 {
     if (!RS_GET(c->rx.pre.active)) return 1;
@@ -219,11 +232,7 @@ int rs_pre_settle(rs_conn *c)
 
 int rs_pre_settle_locked(rs_conn *c)
 {
-    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err)) {
-        uint8_t h[RS_PRE_HDR];
-        long n = rs_c_recv(c, h, RS_PRE_HDR, MSG_PEEK | MSG_DONTWAIT);
-        if (n == RS_PRE_HDR && h[0] == RS_PRE_SWITCH) read_header(c);
-    }
+    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err)) read_header(c);
     return !c->rx.pre.active;
 }
 
@@ -239,11 +248,10 @@ int rs_pre_quiesce(rs_conn *c, uint64_t ns)
     while (RS_GET(c->rx.pre.active)) {
         if (rs_pre_settle(c)) return 1;
         if (c->rx.pre.left || RS_GET(c->err)) return 0;
+        if (c->rx.pre.hdr_got && c->rx.pre.hdr[0] != RS_PRE_SWITCH) return 0;
         uint8_t h;
         long n = rs_c_recv(c, &h, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n > 0 && h != RS_PRE_SWITCH) return 0;
-        if (n >= 0 && n != 1) return 0;                  /* EOF: nothing more comes */
-        if (n < 0 && n != -EAGAIN) return 0;
+        if (n == 0 || (n < 0 && n != -EAGAIN)) return 0;  /* EOF: nothing more comes */
         if (rs_now_ns() >= until) return 0;
         struct timespec ts = { 0, 200000 };
         nanosleep(&ts, NULL);
@@ -278,30 +286,14 @@ ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms
 {
     int peek = flags & RS_MSG_PEEK;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
-    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms), partial_since = 0;
-    unsigned nap_us = 20;
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     for (;;) {
         rs_lock(&c->rx.lock);
         long r = pre_step(c, buf, len, peek);
-        int partial = r == -EAGAIN && c->rx.pre.left == 0 && peek_len(c) > 0;
         rs_unlock(&c->rx.lock);
         if (r == RS_PRE_AGAIN) continue;
         if (r != -EAGAIN) return r;
         if (nonblock || (deadline == RS_NEVER && rs_conn_app_nonblocking(c))) return -EAGAIN;
-        if (partial) {
-            /* A partial header: frames are written whole, so the rest is in flight.  A
-             * peer that never sends it is broken: bounded like a truncated handshake. */
-            uint64_t now = rs_now_ns();
-            if (!partial_since) partial_since = now;
-            if (now - partial_since > RS_PRE_PARTIAL_NS) {
-                rs_conn_set_error(c, EPROTO, "rdmasock: truncated preamble frame header");
-                return -EPROTO;
-            }
-            int w = rs_nap((uint64_t)nap_us * 1000u, deadline, 0);
-            if (w <= 0) return w == 0 ? -EAGAIN : w;
-            if (nap_us < 1000) nap_us *= 2;
-            continue;
-        }
         int w = rs_sleep_fd(rs_fd_peek(c), POLLIN, deadline);
         if (w == 0) return -EAGAIN;
         if (w < 0) return w;
