@@ -178,6 +178,9 @@ int rs_tx_stamps_asked(int level, int name, const void *val, size_t len);
 int rs_ring_memory_reserve(size_t n);
 void rs_ring_memory_release(size_t n);
 uint64_t rs_ring_memory_in_use(void);
+#define RS_DIAG_NO_UID ...
+int rs_diag_unix_scan(const uint8_t *buf, size_t len, const uint8_t *names, const uint32_t *lens, int n,
+                      int64_t *uids);
 """
 
 
@@ -196,7 +199,7 @@ ffibuilder = cffi.FFI()
 ffibuilder.cdef(CDEF + header_decls("rs_verbs.h") + header_decls("api/rs_api.h"))
 ffibuilder.set_source(
     "rdmasock._native",
-    '#include "rs_conn.h"\n#include "rs_contract.h"\n#include "rs_verbs.h"\n#include "rs_api.h"',
+    '#include "rs_conn.h"\n#include "rs_contract.h"\n#include "rs_verbs.h"\n#include "rs_api.h"\n#include "rs_diag.h"',
     sources=SOURCES + API_SOURCES,
     include_dirs=["shim", "shim/api"],
     depends=sorted(glob.glob("shim/*.h") + glob.glob("shim/api/*.h")),             # a header change rebuilds the module

@@ -92,12 +92,6 @@ def register_listener(sock):
     return m
 
 
-def _owners(names):
-    """{name: uid} of those names that are registered."""
-    found = sockdiag.abstract_listeners(PREFIX)
-    return {n: found[n] for n in names if n in found}
-
-
 def listener_status(ip, port):
     """Before a connect: (status, detail) with status "absent" (no rdmasock listener),
     "ok" (a listener name whose owner owns a TCP listener for (ip, port)) or "unverified"."""
@@ -106,7 +100,7 @@ def listener_status(ip, port):
         return "absent", None
     wild = ("*4", "*46") if ":" not in ip else ("*6", "*46")
     try:
-        names = _owners([_name("l", n, port) for n in (ip,) + wild])
+        names = sockdiag.abstract_listeners([_name("l", n, port) for n in (ip,) + wild])
         if not names:
             return "absent", None
         tcp = sockdiag.listener_owners(ip, port)
@@ -133,7 +127,7 @@ def client_status(peer, local):
     cannot be looked up at all, a registered name counts: a client that registered one
     sends a HELLO, and a plain server must never read it as data."""
     try:
-        names = _owners([_name("c", norm_ip(peer[0]), peer[1])])
+        names = sockdiag.abstract_listeners([_name("c", norm_ip(peer[0]), peer[1])])
     except sockdiag.Unavailable:
         return "ok", "cannot look up socket owners"
     if not names:

@@ -161,51 +161,38 @@ UNIX_DIAG_UID = 7
 NLA = struct.Struct("=HH")
 
 
-def abstract_listeners(prefix):
-    """{name: uid} of the listening abstract UNIX sockets whose name starts with prefix
-    (bytes, without the leading NUL), from the kernel's unix_diag (UNIX_DIAG_UID: Linux 5.3)."""
+def abstract_listeners(names):
+    """{name: uid} of those of the abstract UNIX names (bytes, without the leading NUL) that
+    are listening sockets, from the kernel's unix_diag (UNIX_DIAG_UID: Linux 5.3).  The
+    kernel cannot filter by name: the dump lists every listener, and is scanned in C
+    (shim/rs_diag.c)."""
+    from ._native import ffi, lib
+    wanted = [b"\0" + n for n in names]
+    joined = b"".join(wanted)
+    lens = ffi.new("uint32_t[]", [len(w) for w in wanted])
+    uids = ffi.new("int64_t[]", [-1] * len(wanted))
     body = UNIX_REQ.pack(socket.AF_UNIX, 0, 0, 1 << TCP_LISTEN, 0, UDIAG_SHOW_NAME | UDIAG_SHOW_UID,
                          NOCOOKIE, NOCOOKIE)
     req = NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
-    out = {}
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
             s.settimeout(TIMEOUT)
             s.sendto(req, (0, 0))
             for _ in range(1000000):
                 data = s.recv(1 << 16)
-                pos = 0
-                while pos + NLMSGHDR.size <= len(data):
-                    length, mtype, _f, _s, _p = NLMSGHDR.unpack_from(data, pos)
-                    if length < NLMSGHDR.size or pos + length > len(data):
-                        raise OSError(errno.EPROTO, "unix_diag: malformed netlink message")
-                    body = data[pos + NLMSGHDR.size:pos + length]
-                    pos += (length + 3) & ~3
-                    if mtype == NLMSG_DONE:
-                        return out
-                    if mtype == NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else errno.EIO
-                        if code:
-                            raise OSError(code, "unix_diag: %s" % os.strerror(code))
-                        return out
-                    name = uid = None
-                    apos = 16                                # struct unix_diag_msg
-                    while apos + NLA.size <= len(body):
-                        alen, atype = NLA.unpack_from(body, apos)
-                        if alen < NLA.size:
-                            break
-                        val = body[apos + NLA.size:apos + alen]
-                        if atype == UNIX_DIAG_NAME:
-                            name = val
-                        elif atype == UNIX_DIAG_UID and len(val) >= 4:
-                            uid = struct.unpack_from("=I", val)[0]
-                        apos += (alen + 3) & ~3
-                    if name and name[:1] == b"\0" and name[1:].startswith(prefix):
-                        if uid is None:
-                            raise Unavailable(errno.EOPNOTSUPP, "unix_diag reports no socket owner (Linux < 5.3)")
-                        out[name[1:]] = uid
+                r = lib.rs_diag_unix_scan(data, len(data), joined, lens, len(wanted), uids)
+                if r == -errno.EPROTO:
+                    raise Unavailable(errno.EPROTO, "unix_diag: malformed netlink message")
+                if r < 0:
+                    raise Unavailable(-r, "unix_diag: %s" % os.strerror(-r))
+                if r == 1:
+                    break
+            else:
+                raise Unavailable(errno.EPROTO, "unix_diag: no end of dump")
     except Unavailable:
         raise
     except OSError as exc:
         raise Unavailable(exc.errno, "unix_diag: %s" % exc)
-    raise Unavailable(errno.EPROTO, "unix_diag: no end of dump")
+    if any(uids[i] == lib.RS_DIAG_NO_UID for i in range(len(wanted))):
+        raise Unavailable(errno.EOPNOTSUPP, "unix_diag reports no socket owner (Linux < 5.3)")
+    return {n: uids[i] for i, n in enumerate(names) if uids[i] >= 0}
