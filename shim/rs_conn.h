@@ -239,6 +239,8 @@ ssize_t  rs_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
 ssize_t  rs_rx_available(rs_conn *c);
 int      rs_rx_reach_tcp(rs_conn *c);
 int      rs_rx_ready(rs_conn *c);
+int      rs_rx_maybe_ready(rs_conn *c);
+void     rs_rx_drop_stale_bells(rs_conn *c);
 int      rs_rx_ready_locked(rs_conn *c);
 size_t   rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek);
 size_t   rs_rx_take_ring(rs_conn *c, uint8_t *dst, size_t len);

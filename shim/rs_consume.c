@@ -233,6 +233,19 @@ static int rx_activity(rs_conn *c)
            __atomic_load_n(&c->rx.shut_rd, __ATOMIC_RELAXED);
 }
 
+/* For hooks that look at many sockets at each wait: 0 if a receive would surely wait (no
+ * record at our position, nothing held, no end, error, move or preamble), so the full
+ * look (rs_rx_ready, rs_rx_produced) can be skipped; 1 if it may not, or a reader is at
+ * it (the full look waits for that reader).  A record that lands just after is found by
+ * the arming before any sleep, as after every look. */
+int rs_rx_maybe_ready(rs_conn *c)
+{
+    if (!rs_trylock(&c->rx.lock)) return 1;           /* the reader zeroes what it consumed */
+    int r = rx_activity(c) || c->rx.fin_seen || RS_GET(c->err) || c->rx.pre.active || c->rx.move.state;
+    rs_unlock(&c->rx.lock);
+    return r;
+}
+
 /* Payload bytes receivable without waiting (FIONREAD). */
 static ssize_t ring_available(rs_conn *c);
 

@@ -154,6 +154,19 @@ void rs_rx_tidy(rs_conn *c)
     c->ops->tidy(c);
 }
 
+/* The kernel reported the socket readable and the ring has nothing: doorbells of records
+ * already consumed, which lazy_tidy leaves there.  A level-triggered epoll reports them at
+ * every call until they are read, a cost per call that grows with the number of idle
+ * connections: they are read now, and no new one is asked for (the hooks arm before they
+ * sleep). */
+void rs_rx_drop_stale_bells(rs_conn *c)
+{
+    rs_lock(&c->rx.lock);
+    if (!c->rx.pre.active && !c->rx.move.state && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST))
+        c->ops->drop_stale(c);
+    rs_unlock(&c->rx.lock);
+}
+
 /* O_ASYNC set (on) or cleared on the socket.  The kernel raises SIGIO for every arrival
  * of data, not only for the first after a read, so the producer is asked for a doorbell
  * after every publication, whatever else it knows of us.  Extra doorbells are harmless:

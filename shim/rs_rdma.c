@@ -598,6 +598,7 @@ const struct rs_transport rs_transport_rdma = {
     .go_idle = rdma_go_idle,
     .nonblock_empty = rdma_go_idle,             /* arm as for a wait: bell counts are not shared */
     .tidy = nothing,                            /* the next go_idle drains */
+    .drop_stale = nothing,                      /* ... since its bell counts are not shared */
     .bell_every = rdma_bell_every,
     .quiesce = nothing,
     .closed = rs_rdma_drain,                    /* unread bells would make the close send RST */

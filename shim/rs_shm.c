@@ -323,6 +323,16 @@ static void shm_tidy(rs_conn *c)
     if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0);
 }
 
+/* Doorbells of records already consumed, read off without asking for the next one (as
+ * go_idle would): the snapshot before the re-check, so a bell drained here never belongs
+ * to a record still in the ring. */
+static void shm_drop_stale(rs_conn *c)
+{
+    if (c->rx.spill_state) return;                      /* the socket has stream bytes: go_idle's case */
+    uint64_t sent = bells_counted(c);
+    if (sent > c->rx.bells_drained && !rs_rx_ready_locked(c)) drain_bells(c, sent - c->rx.bells_drained);
+}
+
 static void shm_bell_every(rs_conn *c, int on)
 {
     uint32_t *want = &c->rx.ctl->want_bell;
@@ -419,6 +429,7 @@ const struct rs_transport rs_transport_shm = {
     .arm_word = shm_arm_word,
     .nonblock_empty = shm_nonblock_empty,
     .tidy = shm_tidy,
+    .drop_stale = shm_drop_stale,
     .bell_every = shm_bell_every,
     .quiesce = shm_quiesce,
     .closed = nothing,

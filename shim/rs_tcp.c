@@ -39,6 +39,7 @@ const struct rs_transport rs_transport_tcp = {
     .go_idle = none,
     .nonblock_empty = none,
     .tidy = nothing,
+    .drop_stale = nothing,
     .bell_every = no_bells,
     .peer_posted = nothing_posted,
     .quiesce = nothing,

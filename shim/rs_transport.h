@@ -66,6 +66,8 @@ struct rs_transport {
                                                          * transport or the peer has no such word */
     int  (*nonblock_empty)(struct rs_conn *c);          /* a non-blocking receive found nothing */
     void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
+    void (*drop_stale)(struct rs_conn *c);              /* the ring is empty: read off doorbells
+                                                         * already sent, asking for none */
     void (*bell_every)(struct rs_conn *c, int on);      /* the program takes SIGIO (O_ASYNC) or not */
     uint64_t (*peer_posted)(struct rs_conn *c);         /* payload bytes the producer says it put
                                                          * into our ring (no lock; a hint for the

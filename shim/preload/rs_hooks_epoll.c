@@ -20,6 +20,7 @@
 #include "rs_preload.h"
 #include "../rs_fdmap.h"
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; int disarmed; };
@@ -29,6 +30,9 @@ struct ep_set {
     int n, cap;
     int others;
     struct ep_member *m;
+    int *slot;                 /* slot[fd]: 1 + the index of fd's member, 0 none (slots entries): a
+                                * program that changes a thousand members' events per second */
+    int slots;
     struct ep_set *free_next;
 };
 
@@ -36,10 +40,35 @@ static struct rs_fdmap sets = RS_FDMAP_INIT;       /* epoll descriptor -> struct
 static pthread_mutex_t sets_lock = PTHREAD_MUTEX_INITIALIZER;   /* creating and freeing sets */
 static struct ep_set *free_sets;
 
+/* The index of fd's member, or s->n (caller holds the set's lock). */
+static int find_member(const struct ep_set *s, int fd)
+{
+    return fd >= 0 && fd < s->slots && s->slot[fd] ? s->slot[fd] - 1 : s->n;
+}
+
+/* fd's member is (i >= 0) or is no longer (i < 0) at index i; 0, or -1 without memory
+ * for the index (then the member is not kept). */
+static int set_slot(struct ep_set *s, int fd, int i)
+{
+    if (fd >= s->slots) {
+        if (i < 0) return 0;
+        int n = s->slots ? s->slots : 64;
+        while (n <= fd) n *= 2;
+        int *p = realloc(s->slot, (size_t)n * sizeof *p);
+        if (!p) return -1;
+        memset(p + s->slots, 0, (size_t)(n - s->slots) * sizeof *p);
+        s->slot = p;
+        s->slots = n;
+    }
+    s->slot[fd] = i + 1;
+    return 0;
+}
+
 static void set_put(struct ep_set *s)
 {
     if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL)) return;
     pthread_mutex_lock(&sets_lock);
+    for (int i = 0; i < s->n; i++) set_slot(s, s->m[i].fd, -1);
     s->n = 0;
     s->free_next = free_sets;
     free_sets = s;
@@ -86,8 +115,11 @@ static struct ep_set *set_create(int epfd)
 
 static void drop_member(struct ep_set *s, int fd)
 {
-    for (int i = 0; i < s->n; i++)
-        if (s->m[i].fd == fd) { s->m[i] = s->m[--s->n]; return; }
+    int i = find_member(s, fd);
+    if (i >= s->n) return;
+    set_slot(s, fd, -1);
+    s->m[i] = s->m[--s->n];
+    if (i < s->n) set_slot(s, s->m[i].fd, i);
 }
 
 int rs_ep_is_set(int fd) { return rs_fdmap_get(&sets, fd) != NULL; }
@@ -119,16 +151,16 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
     struct ep_set *s = op == EPOLL_CTL_DEL ? set_get(epfd) : set_create(epfd);
     if (!s) return;
     pthread_mutex_lock(&s->lock);
-    int i = 0;
-    for (; i < s->n && s->m[i].fd != fd; i++) {}
+    int i = find_member(s, fd);
     if (op == EPOLL_CTL_DEL) {
-        if (i < s->n) s->m[i] = s->m[--s->n];
+        drop_member(s, fd);
     } else if (ev) {
         if (i == s->n && s->n == s->cap) {
             int cap = s->cap ? s->cap * 2 : 8;
             struct ep_member *m = realloc(s->m, (size_t)cap * sizeof *m);
             if (m) { s->m = m; s->cap = cap; }
         }
+        if (i == s->n && i < s->cap && set_slot(s, fd, i) < 0) i = s->cap;     /* not kept: no memory */
         if (i < s->cap) {
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
@@ -244,16 +276,21 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
         if (s->m[i].disarmed) continue;
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (!k) continue;
-        uint64_t produced = rs_rx_produced(k->conn);
-        uint64_t stops = __atomic_load_n(&k->conn->tx.full_stops, __ATOMIC_RELAXED);
+        rs_conn *c = k->conn;
+        uint64_t stops = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED), produced = 0;
         int et = s->m[i].events & EPOLLET;
         short re = 0, want = 0;
-        if (!et || produced != s->m[i].et_mark || k->conn->rx.fin_seen)
-            want |= (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
+        /* a set may hold a thousand idle members: the locked looks only where a record,
+         * an end or an error may be */
+        if ((s->m[i].events & (EPOLLIN | EPOLLRDHUP)) && rs_rx_maybe_ready(c)) {
+            if (et) produced = rs_rx_produced(c);
+            if (!et || produced != s->m[i].et_mark || c->rx.fin_seen)
+                want |= (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
+        }
         /* level-triggered EPOLLOUT: the kernel's report, checked against the ring, says it;
          * edge-triggered: room after a write that found the ring full */
         if (et && (s->m[i].events & EPOLLOUT) && stops != s->m[i].out_mark) want |= POLLOUT;
-        if (want) re = rs_ring_revents(k->conn, want);
+        if (want) re = rs_ring_revents(c, want);
         rs_sock_put(k);
         if (!(re & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR))) continue;
         int dup = 0;
@@ -263,7 +300,7 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
                         (re & POLLHUP ? EPOLLHUP : 0) | (re & POLLERR ? EPOLLERR : 0);
         out[n].data = s->m[i].data;
         n++;
-        if (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) s->m[i].et_mark = produced;
+        if (et && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) s->m[i].et_mark = produced;
         if (re & POLLOUT) s->m[i].out_mark = stops;
         if (s->m[i].events & EPOLLONESHOT) {
             /* fired: disable the kernel registration too, as EPOLLONESHOT does */
@@ -300,6 +337,7 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     if ((e->events & (EPOLLIN | EPOLLRDNORM)) && !(e->events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
         (stale_edge || !rs_rx_ready(c))) {
         e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+        if (!stale_edge) rs_rx_drop_stale_bells(c);
         if (!e->events && (m->events & EPOLLONESHOT)) {
             /* the kernel's one shot went on a stale doorbell: arm it again */
             struct epoll_event again = { .events = m->events, .data = m->data };
@@ -313,7 +351,7 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     }
     if (e->events & EPOLLOUT) m->out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
     /* the kernel's report counts as ours: no second edge, no second one-shot */
-    if (e->events & EPOLLIN) m->et_mark = rs_rx_produced(c);
+    if ((e->events & EPOLLIN) && (m->events & EPOLLET)) m->et_mark = rs_rx_produced(c);
     if (m->events & EPOLLONESHOT) m->disarmed = 1;
     rs_sock_put(k2);
 }
