@@ -158,11 +158,12 @@ void rs_rx_tidy(rs_conn *c)
  * already consumed, which lazy_tidy leaves there.  A level-triggered epoll reports them at
  * every call until they are read, a cost per call that grows with the number of idle
  * connections: they are read now, and no new one is asked for (the hooks arm before they
- * sleep). */
+ * sleep).  Only under lazy_tidy: otherwise a wait we do not see (another epoll instance,
+ * SIGIO) may rely on the next record's doorbell. */
 void rs_rx_drop_stale_bells(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
-    if (!c->rx.pre.active && !c->rx.move.state && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST))
+    if (c->rx.lazy_tidy && !c->rx.pre.active && !c->rx.move.state && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST))
         c->ops->drop_stale(c);
     rs_unlock(&c->rx.lock);
 }
