@@ -81,6 +81,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
     uint64_t words_until = mask || kernel ? 0 : start + RS_WORD_WINDOW_MS * 1000000ull;
+    unsigned empty_wakes = 0, nap_us = 20;
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
         uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin(), apart) : 0);
@@ -127,7 +128,13 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         r = collect(fds, n, socks, want, kernel);
         if (r && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (r || rs_passed(deadline)) goto out;
-        /* only a stale doorbell or a credit that is not enough yet: sleep again */
+        /* Only a stale doorbell or a credit that is not enough yet: sleep again.  Woken so
+         * again and again, something the arming cannot settle keeps a socket readable: the
+         * sleeps start after a nap growing to 1 ms, not in a busy loop. */
+        if (empty_wakes++) {
+            if (rs_nap((uint64_t)nap_us * 1000, deadline, 1) < 0) { errno = EINTR; r = -1; goto out; }
+            if (nap_us < 1000) nap_us *= 2;
+        }
     }
 out:;
     int e = errno;                      /* a last reference's close must not change it */
