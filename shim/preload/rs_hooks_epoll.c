@@ -30,9 +30,9 @@ struct ep_set {
     int n, cap;
     int others;
     struct ep_member *m;
-    int *slot;                 /* slot[fd]: 1 + the index of fd's member, 0 none (slots entries): a
-                                * program that changes a thousand members' events per second */
-    int slots;
+    int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
+                                * loops change a member's events at every request, in sets of */
+    int slots;                 /* a thousand members */
     struct ep_set *free_next;
 };
 
