@@ -156,9 +156,6 @@ def listener_owners(ip, port):
 UNIX_REQ = struct.Struct("=BBHIIIII")               # family, protocol, pad, states, ino, show, cookie[2]
 UDIAG_SHOW_NAME = 0x01
 UDIAG_SHOW_UID = 0x40
-UNIX_DIAG_NAME = 0
-UNIX_DIAG_UID = 7
-NLA = struct.Struct("=HH")
 
 
 def abstract_listeners(names):

@@ -36,6 +36,8 @@ struct rs_rx_move {
     uint64_t skip;            /* bytes the peer repeats that we already delivered */
 };
 
+#define RS_PRE_HDR 8          /* a preamble frame header: kind, zero[3], u32 length (rs_preamble.c) */
+
 /* Server: the client's first bytes, sent before our answer, come as preamble frames on the
  * TCP socket, ended by a SWITCH frame (rs_preamble.c). */
 struct rs_rx_pre {
@@ -43,7 +45,7 @@ struct rs_rx_pre {
     uint8_t  lazy;            /* ... and the client sends SWITCH only with records or bytes after it */
     uint8_t  seen;            /* a preamble frame header (DATA or SWITCH) was read */
     uint8_t  hdr_got;         /* bytes of the next frame header taken off the socket so far */
-    uint8_t  hdr[8];          /* ... and they (RS_PRE_HDR) */
+    uint8_t  hdr[RS_PRE_HDR]; /* ... and they */
     uint32_t left;            /* payload bytes left in the open preamble frame */
     uint64_t bytes;           /* payload handed to the application from preamble frames */
 };
@@ -257,7 +259,6 @@ static inline void rs_take_credit(rs_conn *c, uint64_t head)
 uint64_t rs_rx_produced(rs_conn *c);
 
 /* rs_preamble.c: client bytes sent before the server's answer travel as TCP frames */
-#define RS_PRE_HDR          8
 #define RS_PRE_DATA         0xDAu
 #define RS_PRE_SWITCH       0x5Au
 #define RS_PRE_MAX          65536u

@@ -256,6 +256,19 @@ static uint64_t bells_counted(rs_conn *c)
            __atomic_load_n(&c->tx.ctl->credit_bells, __ATOMIC_SEQ_CST);
 }
 
+/* Reads off the doorbells counted so far, unless a record is there (1).  Snapshot before
+ * the re-check: a bell counted here belongs to a record the re-check is guaranteed to see,
+ * so draining it cannot strand that record without a bell.  *all: every counted bell was
+ * read. */
+static int drain_counted(rs_conn *c, int *all)
+{
+    uint64_t sent = bells_counted(c);
+    if (rs_rx_ready_locked(c)) return 1;
+    if (sent > c->rx.bells_drained) drain_bells(c, sent - c->rx.bells_drained);
+    *all = sent <= c->rx.bells_drained;
+    return 0;
+}
+
 static int go_idle(rs_conn *c, int check)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
@@ -264,12 +277,9 @@ static int go_idle(rs_conn *c, int check)
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
     /* or'ed: another thread of ours may be asleep on the shared word (RS_WANT_FUTEX) */
     __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
-    /* Snapshot before the re-check: a bell counted here belongs to a record the re-check
-     * is guaranteed to see, so draining it cannot strand that record without a bell. */
-    uint64_t sent = bells_counted(c);
-    if (rs_rx_ready_locked(c)) return 1;
-    if (sent > c->rx.bells_drained) drain_bells(c, sent - c->rx.bells_drained);
-    if (check && sent <= c->rx.bells_drained && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
+    int all;
+    if (drain_counted(c, &all)) return 1;
+    if (check && all && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
     return 0;
 }
 
@@ -324,13 +334,12 @@ static void shm_tidy(rs_conn *c)
 }
 
 /* Doorbells of records already consumed, read off without asking for the next one (as
- * go_idle would): the snapshot before the re-check, so a bell drained here never belongs
- * to a record still in the ring. */
+ * go_idle would). */
 static void shm_drop_stale(rs_conn *c)
 {
-    if (c->rx.spill_state) return;                      /* the socket has stream bytes: go_idle's case */
-    uint64_t sent = bells_counted(c);
-    if (sent > c->rx.bells_drained && !rs_rx_ready_locked(c)) drain_bells(c, sent - c->rx.bells_drained);
+    int all;
+    if (!c->rx.spill_state && bells_counted(c) > c->rx.bells_drained)   /* spill: the socket has stream bytes */
+        drain_counted(c, &all);
 }
 
 static void shm_bell_every(rs_conn *c, int on)
