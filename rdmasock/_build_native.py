@@ -54,6 +54,8 @@ struct rs_tx {
     uint64_t records;
     uint64_t spilled;
     uint64_t spills;
+    uint64_t event_bells;
+    int bell_fd;
     uint8_t fin_sent;
     ...;
 };
@@ -73,6 +75,7 @@ struct rs_rx {
     uint64_t bells_drained;
     uint64_t spilled;
     uint8_t fin_seen;
+    int bell_fd;
     struct rs_rx_pre pre;
     ...;
 };
@@ -138,6 +141,8 @@ void rs_rdma_drain(rs_conn *c);
 
 
 int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
+int rs_bells_create(int fds[2]);
+int rs_conn_set_bells(rs_conn *c, int own, int peer);
 
 #define RS_PLAIN ...
 #define RS_LISTEN ...

@@ -54,6 +54,7 @@ class Config:
         self.ring_size = _pow2(int(value(env, "RING_SIZE")))
         self.spill = value(env, "SPILL").lower() in _TRUE
         self.word_wake = value(env, "WORD_WAKE").lower() in _TRUE
+        self.event_bell = value(env, "EVENT_BELL").lower() in _TRUE
         self.spin_us = int(value(env, "SPIN_US"))
         self.log_file = value(env, "LOG_FILE") or None
         level = value(env, "LOG_LEVEL").lower()

@@ -142,14 +142,15 @@ def client_status(peer, local):
         ",".join(map(str, names.values())), uid)
 
 
-def send_fd(client_ip, client_port, nonce, fd):
-    """Server side: passes the segment descriptor to the client's name, with the HELLO's
-    nonce.  Raises OSError if the name does not take the connection."""
+def send_fd(client_ip, client_port, nonce, fds):
+    """Server side: passes the segment descriptor (and the event bells, if any: fds is a
+    list) to the client's name, with the HELLO's nonce.  Raises OSError if the name does
+    not take the connection."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
     try:
         s.connect(b"\0" + _name("c", norm_ip(client_ip), client_port))
         s.shutdown(_socket.SHUT_RD)           # nothing is ever read from it
-        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))]
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]
         s.sendmsg([FD_TAG + nonce], rights, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL)
     finally:
         s.close()
@@ -200,14 +201,14 @@ def _read_message(conn):
 
 
 def recv_fd(marker, nonce):
-    """Client side, once the server answered ACCEPT: the descriptor the server passed with
-    our nonce, or None."""
+    """Client side, once the server answered ACCEPT: the descriptors the server passed with
+    our nonce (the segment's, then the event bells', if any: a list of 1 or 3), or None."""
     return _drain(marker, nonce)
 
 
 def _drain(marker, nonce):
     """Stops the marker taking connections and reads every connection queued in it to the
-    end.  Returns the descriptor passed with FD_TAG + nonce (if nonce is given); every other
+    end.  Returns the descriptors passed with FD_TAG + nonce (if nonce is given); every other
     descriptor anybody passed is closed harmlessly."""
     try:
         marker.shutdown(_socket.SHUT_RD)      # refuse new connections: the backlog is finite
@@ -228,8 +229,9 @@ def _drain(marker, nonce):
             if msg is None:
                 break
             data, fds, flags = msg
-            if got is None and nonce is not None and data == FD_TAG + nonce and len(fds) == 1 and not flags & _socket.MSG_CTRUNC:
-                got = fds.pop()
+            if got is None and nonce is not None and data == FD_TAG + nonce and len(fds) in (1, 3) \
+                    and not flags & _socket.MSG_CTRUNC:
+                got, fds = fds, []
             _defuse(fds)
         conn.close()
     return got

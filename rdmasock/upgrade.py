@@ -45,11 +45,18 @@ def _agreed(conn, features):
 
 
 def _features():
-    """The handshake features this process offers: all it supports, less SPILL and
-    FUTEX_WAKE where RDMASOCK_SPILL or RDMASOCK_WORD_WAKE turns them off."""
+    """The handshake features this process offers: all it supports, less SPILL, FUTEX_WAKE
+    and EVENT_BELL where RDMASOCK_SPILL, RDMASOCK_WORD_WAKE or RDMASOCK_EVENT_BELL turns
+    them off."""
     cfg = config.get()
-    off = (0 if cfg.spill else hs.F_SPILL) | (0 if cfg.word_wake else hs.F_FUTEX_WAKE)
+    off = ((0 if cfg.spill else hs.F_SPILL) | (0 if cfg.word_wake else hs.F_FUTEX_WAKE) |
+           (0 if cfg.event_bell else hs.F_EVENT_BELL))
     return hs.SUPPORTED & ~off
+
+
+def _close_all(fds):
+    for fd in fds:
+        os.close(fd)
 
 
 class Outcome:
@@ -349,20 +356,29 @@ class Client(_Side):
         if msg.ring_log2 > config.get().ring_size.bit_length() - 1:
             # the segment would take more of the ring memory budget than we reserved
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: ACCEPT grants a larger ring than offered")
-        fd = rendezvous.recv_fd(self.marker, self.nonce)    # passed before the ACCEPT was sent
-        if fd is None:
+        fds = rendezvous.recv_fd(self.marker, self.nonce)   # passed before the ACCEPT was sent
+        if fds is None:
             raise hs.HandshakeError("fd_pass_failed", "rdmasock: handshake: shared memory descriptor never arrived")
+        fd, bells = fds[0], fds[1:]
         reserved, self.reserved = self.reserved, 0
         try:
             conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us, reserved)
         except OSError as exc:
+            _close_all(bells)
             raise hs.HandshakeError("shm_unavailable", "rdmasock: handshake: cannot map the peer's segment: %s" % exc)
         finally:
             os.close(fd)
         if conn.salt != msg.salt or conn.ring_size != 1 << msg.ring_log2:
+            _close_all(bells)
             transport_shm.release(conn)
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
         _agreed(conn, msg.features)
+        if bells and msg.features & hs.F_EVENT_BELL:
+            # [the server's bell, ours]; not eventfds, or too many descriptors held: the
+            # socket's doorbell bytes, which the server's wait holds too (rs_bells.c)
+            lib.rs_conn_set_bells(conn, bells[1], bells[0])
+        else:
+            _close_all(bells)
         return Outcome("shm", conn=conn)
 
     def _accept_rdma(self, msg):
@@ -465,27 +481,44 @@ class Server(_Side):
         cfg = config.get()
         ring_log2 = min(max(hello.ring_log2, 12), cfg.ring_size.bit_length() - 1, 30)
         salt = int.from_bytes(os.urandom(8), "little")
+        features = hello.features & _features()
         stage = "shm_unavailable"
         memfd = None
+        bells = []
         try:
             memfd = transport_shm.create_segment(1 << ring_log2, salt)
             conn = transport_shm.attach(memfd, self.sock.fileno(), True, cfg.spin_us)
+            bells = self._event_bells(features)
+            if not bells:
+                features &= ~hs.F_EVENT_BELL
             stage = "fd_pass_failed"
             peer = self.sock.getpeername()
-            rendezvous.send_fd(peer[0], peer[1], hello.nonce, memfd)
+            rendezvous.send_fd(peer[0], peer[1], hello.nonce, [memfd] + bells)
         except transport_shm.RingMemoryLimit:
             return Outcome("tcp", "ring_memory_limit")
         except OSError:
+            _close_all(bells)
             if stage == "fd_pass_failed":
                 transport_shm.release(conn)
             return Outcome("tcp", stage)
         finally:
             if memfd is not None:
                 os.close(memfd)
-        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, hello.features & _features()
+        if bells:
+            lib.rs_conn_set_bells(conn, bells[0], bells[1])     # [ours, the client's]
+        reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, features
         reply.ring_log2, reply.salt = ring_log2, salt
         _agreed(conn, reply.features)
         return Outcome("shm", conn=conn)
+
+    @staticmethod
+    def _event_bells(features):
+        """Both event bells of an shm connection, [the server's, the client's], if both ends
+        speak EVENT_BELL and the process's share of descriptors allows; else []."""
+        if not features & hs.F_EVENT_BELL:
+            return []
+        fds = ffi.new("int[2]")
+        return [fds[0], fds[1]] if lib.rs_bells_create(fds) == 0 else []
 
     def close(self):
         pass

@@ -73,6 +73,7 @@ rs_conn *rs_conn_alloc(void)
     memset(p, 0, sizeof(rs_conn));
     ((rs_conn *)p)->rx.flags_unseen = 1;       /* until a front-end that sees fcntl says otherwise */
     ((rs_conn *)p)->ops = &rs_transport_tcp;   /* until a ring transport attaches */
+    ((rs_conn *)p)->rx.bell_fd = ((rs_conn *)p)->tx.bell_fd = -1;    /* no event bells (rs_bells.c) */
     return p;
 }
 

@@ -18,6 +18,7 @@
 #include "rs_lock.h"
 
 #define RS_ERRMSG_LEN 160
+#define RS_BELL_SETS 4         /* epoll instances one event bell may be added to (rs_bells.c) */
 #define RS_WINDOW_MIN 16384u   /* a producer's first window (rs_produce.c) */
 
 /* A direction that moves from its ring to the TCP socket (rs_fallback.c). */
@@ -71,6 +72,8 @@ struct rs_tx {
     uint64_t stall_since;     /* ... and when, 0 if not full */
     uint64_t spilled;         /* stream bytes sent over the socket by SPILL (relaxed) */
     uint64_t spills;          /* SPILL records written (relaxed) */
+    int      bell_fd;         /* the peer's event bell (an eventfd) we raise, -1 none (rs_bells.c) */
+    uint64_t event_bells;     /* ... raised (relaxed) */
     struct rs_tx_move move;   /* the direction's move to TCP */
 } __attribute__((aligned(64)));
 
@@ -117,6 +120,9 @@ struct rs_rx {
     uint64_t hold_len;        /* held bytes not yet read (read unlocked: atomic) */
     uint64_t held;            /* stream bytes that went through the hold (relaxed) */
     uint64_t hold_seen;       /* rx.bytes when the holder thread last looked (rs_hold.c) */
+    int      bell_fd;         /* our event bell (an eventfd) the peer raises, -1 none (rs_bells.c) */
+    uint8_t  bell_nsets;      /* epoll instances it was added to, left at free */
+    struct { int epfd; uint32_t id; } bell_sets[RS_BELL_SETS];
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -293,6 +299,7 @@ void     rs_bell_garbage(rs_conn *c, int byte);
 int      rs_bell_read_result(rs_conn *c, long n);
 void     rs_note_sock_error(rs_conn *c, int e);
 int      rs_rx_go_idle(rs_conn *c);
+int      rs_rx_go_idle_event(rs_conn *c);
 int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen);
 int      rs_rx_go_idle_locked(rs_conn *c);
 int      rs_rx_nonblock_empty(rs_conn *c);
@@ -303,6 +310,16 @@ void     rs_quiesce_bells(rs_conn *c);
 void     rs_rx_bell_every(rs_conn *c, int on);
 int      rs_tx_arm_credit(rs_conn *c);
 int      rs_tx_arm_credit_locked(rs_conn *c);
+
+/* rs_bells.c: event bells (an eventfd per direction, shm) */
+#define RS_BELL_TAG 0x7273626c6c000000ull     /* epoll data of an event bell: "rsbll" */
+int      rs_bells_create(int fds[2]);
+int      rs_bell_is_eventfd(int fd);
+int      rs_conn_set_bells(rs_conn *c, int own, int peer);
+int      rs_bell_raise(rs_conn *c);
+int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, uint64_t tag);
+void     rs_bells_release(rs_conn *c);
+void     rs_bells_after_fork_child(rs_conn *c);
 
 /* How long a close waits for doorbell bytes still in flight to it (rs_quiesce_bells). */
 #define RS_QUIESCE_NS 20000000ull

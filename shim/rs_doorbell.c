@@ -108,15 +108,17 @@ static void see_async_flag(rs_conn *c)
  * record is there after all (consume it), 0 if the connection is idle: the producer will
  * ring for the next record, and every doorbell byte sent before that moment has been read
  * off the socket. */
-int rs_rx_go_idle_locked(rs_conn *c)
+static int go_idle_locked(rs_conn *c, int event)
 {
     /* Held bytes (rs_hold.c) are data: the doorbells that announced them must stay on the
      * socket, for another thread of the program asleep in poll or recv on it. */
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     see_async_flag(c);
     if (c->rx.pre.active) return 0;                            /* preamble bytes on the socket are data */
-    return c->ops->go_idle(c);
+    return event && c->ops->go_idle_event ? c->ops->go_idle_event(c) : c->ops->go_idle(c);
 }
+
+int rs_rx_go_idle_locked(rs_conn *c) { return go_idle_locked(c, 0); }
 
 /* A blocking receive found its ring empty (caller holds rx_lock) and may sleep on a word
  * the peer raises with its next record (c->ops->arm_word) instead of on the socket.
@@ -133,7 +135,17 @@ int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen)
 int rs_rx_go_idle(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
-    int r = rs_rx_go_idle_locked(c);
+    int r = go_idle_locked(c, 0);
+    rs_unlock(&c->rx.lock);
+    return r;
+}
+
+/* The same for a wait that our event bell wakes, as well as the socket (an epoll instance
+ * it was added to, rs_bell_in_epoll). */
+int rs_rx_go_idle_event(rs_conn *c)
+{
+    rs_lock(&c->rx.lock);
+    int r = go_idle_locked(c, 1);
     rs_unlock(&c->rx.lock);
     return r;
 }

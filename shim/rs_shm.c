@@ -149,6 +149,15 @@ static void shm_flush(rs_conn *c)
     if (!(want & RS_WANT_EVERY) && __atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
         c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
         return;                                         /* a spinning recv will absorb it */
+    if (want & RS_WANT_EVENT) {
+        /* the consumer waits where its eventfd wakes it (rs_bells.c); one we cannot raise
+         * (none agreed, a write that failed) is asked of the socket instead, which that
+         * wait holds too */
+        if ((__atomic_fetch_and(&k->want_bell, ~RS_WANT_EVENT, __ATOMIC_SEQ_CST) & RS_WANT_EVENT) && !rs_bell_raise(c))
+            __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+        want = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
+        if (!want) return;
+    }
     if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY))) {
         /* only a sleeper on the shared word: no byte, nothing to count (a bell asked for
          * meanwhile stays for the next record: its consumer looks at the ring after asking) */
@@ -269,14 +278,16 @@ static int drain_counted(rs_conn *c, int *all)
     return 0;
 }
 
-static int go_idle(rs_conn *c, int check)
+/* `bell`: what to ask for, RS_WANT_NEXT or RS_WANT_EVENT (RS_WANT_EVERY overrides it). */
+static int go_idle(rs_conn *c, int check, uint32_t bell)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (c->rx.move.state) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
     if (c->rx.spill_state) return rs_spill_rx_ready(c); /* inside a SPILL: the socket has the next bytes */
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
-    /* or'ed: another thread of ours may be asleep on the shared word (RS_WANT_FUTEX) */
-    __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    /* or'ed: another thread of ours may be asleep on the shared word (RS_WANT_FUTEX), or
+     * in a wait that needs the socket's byte (RS_WANT_NEXT) */
+    __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : bell, __ATOMIC_SEQ_CST);
     int all;
     if (drain_counted(c, &all)) return 1;
     if (check && all && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
@@ -285,7 +296,11 @@ static int go_idle(rs_conn *c, int check)
 
 /* Consumer found its ring empty (caller holds rx_lock): want_bell set and every doorbell
  * sent before that drained; 1 if a record is there after all. */
-static int shm_go_idle(rs_conn *c) { return go_idle(c, 1); }
+static int shm_go_idle(rs_conn *c) { return go_idle(c, 1, RS_WANT_NEXT); }
+
+/* The same, for a wait that our event bell wakes: the peer raises the bell, not the
+ * socket (without a bell, the socket). */
+static int shm_go_idle_event(rs_conn *c) { return go_idle(c, 1, c->rx.bell_fd >= 0 ? RS_WANT_EVENT : RS_WANT_NEXT); }
 
 /* A blocking receive found the ring empty (caller holds rx_lock), and both ends speak
  * FUTEX_WAKE: the producer is asked to raise data_seq with the next record (a futex wake,
@@ -330,7 +345,7 @@ static void shm_tidy(rs_conn *c)
      * record then rings again, and a request/response exchange paid a send and a recv
      * system call per message for it.  The stale byte keeps the invariant (6.7). */
     if (c->rx.lazy_tidy) return;
-    if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0);
+    if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0, RS_WANT_NEXT);
 }
 
 /* Doorbells of records already consumed, read off without asking for the next one (as
@@ -435,6 +450,7 @@ const struct rs_transport rs_transport_shm = {
     .silence = nothing,                         /* its bells stop at our tx.move.state (credit_bell) */
     .publish_credit = shm_publish_credit,
     .go_idle = shm_go_idle,
+    .go_idle_event = shm_go_idle_event,
     .arm_word = shm_arm_word,
     .nonblock_empty = shm_nonblock_empty,
     .tidy = shm_tidy,
@@ -442,6 +458,6 @@ const struct rs_transport rs_transport_shm = {
     .bell_every = shm_bell_every,
     .quiesce = shm_quiesce,
     .closed = nothing,
-    .after_fork_child = nothing,
-    .free = nothing,
+    .after_fork_child = rs_bells_after_fork_child,
+    .free = rs_bells_release,
 };

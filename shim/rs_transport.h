@@ -58,6 +58,8 @@ struct rs_transport {
     void (*publish_credit)(struct rs_conn *c, int force);
     int  (*go_idle)(struct rs_conn *c);                 /* ring empty, about to wait: arm the peer's
                                                          * doorbell; 1 if a record came after all */
+    int  (*go_idle_event)(struct rs_conn *c);           /* the same, for a wait that our event bell
+                                                         * wakes (rs_bells.c); NULL: go_idle */
     int  (*arm_word)(struct rs_conn *c, const uint32_t **word, uint32_t *seen);
                                                         /* ring empty, a blocking receive about to
                                                          * wait: ask the peer to wake a shared word

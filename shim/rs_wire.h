@@ -39,10 +39,12 @@
 #define RS_BELL_SPILL      0xE6u                /* first byte of a SPILL mark: spilled stream bytes follow */
 /* rs_dir_ctl.want_bell, bits: a doorbell byte for the next record (1), for every
  * publication (2: the consumer's program takes SIGIO, which the kernel raises for each
- * arrival), a futex wake-up on data_seq for the next record (4: FUTEX_WAKE feature) */
+ * arrival), a futex wake-up on data_seq for the next record (4: FUTEX_WAKE feature), the
+ * consumer's eventfd raised for the next record (8: EVENT_BELL feature) */
 #define RS_WANT_NEXT       1u
 #define RS_WANT_EVERY      2u
 #define RS_WANT_FUTEX      4u
+#define RS_WANT_EVENT      8u
 /* rs_dir_ctl.tx_waiting, bits: a credit doorbell byte (1), a futex wake-up on credit_seq (2) */
 #define RS_WAIT_BELL       1u
 #define RS_WAIT_FUTEX      2u
@@ -100,7 +102,7 @@ struct rs_dir_ctl {
     uint64_t head;          /* ring bytes consumed and re-zeroed: the producer's credit */
     uint64_t spin_limit;    /* payload position a spinning consumer is sure to absorb */
     uint32_t spinning;      /* consumer busy-polls the ring: no doorbell needed up to spin_limit */
-    uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_NEXT, RS_WANT_EVERY */
+    uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_* bits */
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
     uint32_t credit_seq;    /* futex word: raised with credit for a producer asleep on it */
     uint8_t  pad0[64 - 36];

@@ -304,7 +304,7 @@ def test_fake_descriptor_from_third_party_is_ignored():
     c.bind(("127.0.0.1", 0))
     marker = rendezvous.register_client(c, *c.getsockname())
     fake = os.memfd_create("evil")
-    rendezvous.send_fd("127.0.0.1", c.getsockname()[1], b"\0" * 16, fake)
+    rendezvous.send_fd("127.0.0.1", c.getsockname()[1], b"\0" * 16, [fake])
     assert rendezvous.recv_fd(marker, b"\1" * 16) is None
     for x in (c, marker):
         x.close()

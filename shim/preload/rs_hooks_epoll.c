@@ -13,6 +13,11 @@
  * later one: the kernel's socket, which always has room, never makes that edge).
  * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD.
  *
+ * Event bells (rs_bells.c): before a kernel sleep each member's bell is added to the
+ * instance (once per instance, recorded in the connection), with data RS_BELL_TAG.  The
+ * kernel's events with that data only say "look at the rings": they are never returned.
+ * `id` tells an instance from a later one under the same number.
+ *
  * others: registrations of descriptors that are not tracked sockets (a listener, a pipe),
  * counted from their EPOLL_CTL_ADD to their EPOLL_CTL_DEL; one closed without a DEL stays
  * counted.  While it is 0 the kernel has nothing to say that the rings do not, and a wait
@@ -29,6 +34,8 @@ struct ep_set {
     pthread_mutex_t lock;
     int n, cap;
     int others;
+    uint32_t id;               /* unique in the process: instances reuse numbers */
+    uint8_t bells;             /* an event bell was added to this instance */
     struct ep_member *m;
     int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
                                 * loops change a member's events at every request, in sets of */
@@ -39,6 +46,22 @@ struct ep_set {
 static struct rs_fdmap sets = RS_FDMAP_INIT;       /* epoll descriptor -> struct ep_set */
 static pthread_mutex_t sets_lock = PTHREAD_MUTEX_INITIALIZER;   /* creating and freeing sets */
 static struct ep_set *free_sets;
+static uint32_t set_ids;
+static int bells_added;        /* an event bell was added to some instance: the kernel's events
+                                * may carry RS_BELL_TAG even where we do not look at rings */
+
+/* Removes the events of event bells from ev[0..k); returns how many remain, *seen how
+ * many were removed. */
+static int strip_bells(struct epoll_event *ev, int k, int *seen)
+{
+    int n = 0;
+    *seen = 0;
+    for (int j = 0; j < k; j++) {
+        if (ev[j].data.u64 == RS_BELL_TAG) { ++*seen; continue; }
+        ev[n++] = ev[j];
+    }
+    return n;
+}
 
 /* The index of fd's member, or s->n (caller holds the set's lock). */
 static int find_member(const struct ep_set *s, int fd)
@@ -100,6 +123,8 @@ static struct ep_set *set_create(int epfd)
         else if ((s = calloc(1, sizeof *s))) pthread_mutex_init(&s->lock, NULL);
         if (s) {
             s->n = s->others = 0;
+            s->bells = 0;
+            s->id = __atomic_add_fetch(&set_ids, 1, __ATOMIC_RELAXED);
             __atomic_store_n(&s->refs, 1, __ATOMIC_RELEASE);          /* the map's */
             if (rs_fdmap_swap(&sets, epfd, s) == RS_FDMAP_FAIL) {
                 s->refs = 0;
@@ -391,9 +416,11 @@ static int *ep_match(const struct ep_set *s, const struct epoll_event *ev, int k
 /* The kernel's events, checked against the rings (caller holds the set's lock).  The
  * kernel's EPOLLOUT only says the TCP socket has room; for an upgraded socket the ring
  * must have it: EPOLLOUT is dropped for full rings (asking the peer for a credit
- * doorbell).  Returns how many events remain. */
-static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int k)
+ * doorbell).  Events of event bells go (*bells: how many).  Returns how many events remain. */
+static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int k, int *bells)
 {
+    *bells = 0;
+    if (s->bells) k = strip_bells(ev, k, bells);
     int n = 0, *who = ep_match(s, ev, k);
     for (int j = 0; j < k; j++) {
         int i = who ? who[j] : 0;
@@ -456,6 +483,22 @@ static int kernel_wait(int epfd, struct epoll_event *ev, int max, int ms, const 
     return mask ? rs_real.epoll_pwait(epfd, ev, max, ms, mask) : rs_real.epoll_wait(epfd, ev, max, ms);
 }
 
+/* The kernel's wait where no ring needs looking at (ts: epoll_pwait2's timeout, else ms).
+ * An event bell may still be in the instance (added for a member since gone, whose
+ * connection lives on): its events are not the program's, and the wait goes on. */
+static int plain_wait(int epfd, struct epoll_event *ev, int max, int ms, const sigset_t *mask, const struct timespec *ts)
+{
+    uint64_t deadline = rs_deadline(ms);
+    for (int rounds = 0;; rounds++) {
+        int r = ts ? rs_real.epoll_pwait2(epfd, ev, max, ts, mask) : kernel_wait(epfd, ev, max, ms, mask);
+        int bells;
+        if (r <= 0 || !__atomic_load_n(&bells_added, __ATOMIC_RELAXED)) return r;
+        r = strip_bells(ev, r, &bells);
+        if (r || ms == 0 || rs_passed(deadline) || rounds >= 1000) return r;
+        if (ts || ms > 0) { ts = NULL; ms = rs_ms_until(deadline); }
+    }
+}
+
 static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask,
                        int apart)
 {
@@ -470,8 +513,9 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
             k = rs_real.epoll_wait(epfd, ev, max, 0);
             if (k < 0) { rs_sigwait_end(&sw); return k; }
         }
+        int bells;
         pthread_mutex_lock(&s->lock);
-        if (k > 0) k = ep_filter_out(epfd, s, ev, k);
+        if (k > 0) k = ep_filter_out(epfd, s, ev, k, &bells);
         int n = ep_from_rings(epfd, s, ev, k, max);
         pthread_mutex_unlock(&s->lock);
         if (n) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 1); return n; }
@@ -515,7 +559,10 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
             if (!k) continue;
             /* EPOLLOUT too: a full ring asks its reader for a credit doorbell, which wakes
              * the kernel's wait (edge-triggered waiters have no other wake-up) */
-            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0)))
+            /* a wait for input: the member's event bell wakes this instance too, if it has one */
+            int bell = (s->m[i].events & EPOLLIN) && rs_bell_in_epoll(k->conn, epfd, s->id, RS_BELL_TAG);
+            if (bell && !s->bells) { s->bells = 1; __atomic_store_n(&bells_added, 1, __ATOMIC_RELAXED); }
+            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0), bell))
                 ready = 1;
             if (s->m[i].events & EPOLLOUT) {
                 int m = rs_ring_sleep_cap_ms(k->conn, POLLOUT);
@@ -538,11 +585,13 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         int k = kernel_wait(epfd, ev, max, ms, mask);
         if (k < 0) return k;
         if (k == 0) continue;          /* the deadline, or a limit above: look at the rings again */
+        int bells;
         pthread_mutex_lock(&s->lock);
-        k = ep_filter_out(epfd, s, ev, k);
+        k = ep_filter_out(epfd, s, ev, k, &bells);
         pthread_mutex_unlock(&s->lock);
         if (k && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (k) return k;               /* doorbells, checked against the ring, make it truthful */
+        if (bells) continue;           /* an event bell: the rings have something */
         /* Only "writable" for a full ring: the credit comes through memory; nap and look.
          * A handled signal ends the wait, as it ends any epoll_wait (signal(7)). */
         if (rs_nap((uint64_t)nap_us * 1000, deadline, 1) < 0) { errno = EINTR; return -1; }
@@ -562,8 +611,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
     }
     int r;
     if (!any) {
-        if (ts2) r = rs_real.epoll_pwait2(epfd, ev, max, ts2, mask);
-        else r = kernel_wait(epfd, ev, max, timeout_ms, mask);
+        r = plain_wait(epfd, ev, max, timeout_ms, mask, ts2);
     } else {
         r = epoll_rings(epfd, s, ev, max, timeout_ms, mask, apart);
     }
@@ -574,14 +622,16 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
 RS_EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout_ms)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
-    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_wait(epfd, ev, max, timeout_ms);
+    if (rs_in_engine) return rs_real.epoll_wait(epfd, ev, max, timeout_ms);
+    if (!rs_tracking()) return plain_wait(epfd, ev, max, timeout_ms, NULL, NULL);
     return epoll_common(epfd, ev, max, timeout_ms, NULL, NULL);
 }
 
 RS_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
-    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask);
+    if (rs_in_engine) return rs_real.epoll_pwait(epfd, ev, max, timeout_ms, mask);
+    if (!rs_tracking()) return plain_wait(epfd, ev, max, timeout_ms, mask, NULL);
     return epoll_common(epfd, ev, max, timeout_ms, mask, NULL);
 }
 
@@ -591,7 +641,8 @@ RS_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const stru
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
     if (!rs_real.epoll_pwait2) { errno = ENOSYS; return -1; }
-    if (!rs_tracking() || rs_in_engine) return rs_real.epoll_pwait2(epfd, ev, max, ts, mask);
+    if (rs_in_engine) return rs_real.epoll_pwait2(epfd, ev, max, ts, mask);
+    if (!rs_tracking()) return plain_wait(epfd, ev, max, rs_ts_ms(ts), mask, ts);
     return epoll_common(epfd, ev, max, rs_ts_ms(ts), mask ? mask : NULL, ts);
 }
 

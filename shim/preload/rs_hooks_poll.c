@@ -113,7 +113,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
         }
         int armed_ready = 0;
         for (nfds_t i = 0; i < n; i++)
-            if (socks[i] && rs_ring_arm(socks[i]->conn, want[i])) armed_ready = 1;
+            if (socks[i] && rs_ring_arm(socks[i]->conn, want[i], 0)) armed_ready = 1;
         /* Ready at arming, yet nothing to report: a record still being written.  Its
          * producer sees the armed flag after it finishes, and rings: sleep for that. */
         if (armed_ready && (r = collect(fds, n, socks, want, kernel)) != 0) goto out;

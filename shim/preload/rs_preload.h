@@ -115,7 +115,7 @@ struct rs_sock *rs_ring_sock(int fd);      /* upgraded, ring answers readiness: 
 struct rs_sock *rs_handshake_sock(int fd); /* kernel bytes may not be data yet: referenced */
 int   rs_only_handshake(struct rs_sock *s);
 short rs_ring_revents(rs_conn *c, short events);
-int   rs_ring_arm(rs_conn *c, short events);
+int   rs_ring_arm(rs_conn *c, short events, int bell);
 int   rs_ring_arm_word(rs_conn *c, short events, const uint32_t **word, uint32_t *seen);
 int   rs_ring_sleep_cap_ms(rs_conn *c, short events);
 int   rs_min_ms(int a, int b);

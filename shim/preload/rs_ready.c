@@ -68,15 +68,16 @@ short rs_ring_revents(rs_conn *c, short events)
     return r;
 }
 
-/* Arms one upgraded socket for a kernel sleep.  Returns 1 if it is ready after all. */
-int rs_ring_arm(rs_conn *c, short events)
+/* Arms one upgraded socket for a kernel sleep (`bell`: one that its event bell wakes too,
+ * rs_bells.c).  Returns 1 if it is ready after all. */
+int rs_ring_arm(rs_conn *c, short events, int bell)
 {
     rs_tx_switch(c);                             /* our own SWITCH, if the socket had no room for it before */
     if (RS_GET(c->rx.pre.active)) rs_pre_settle(c);     /* a SWITCH left unread would keep the kernel's wait awake */
     /* Only a wait for input arms the receive side: going idle reads doorbells off the
      * socket, and a writer's wait must not take the one that another thread, asleep in
      * a wait for input on the same socket, is to wake on. */
-    int ready = (events & (POLLIN | POLLRDNORM)) && rs_rx_go_idle(c);
+    int ready = (events & (POLLIN | POLLRDNORM)) && (bell ? rs_rx_go_idle_event(c) : rs_rx_go_idle(c));
     /* Credit published since the spin looked (without a doorbell: nobody had asked for one)
      * makes the socket writable now; sleeping then would wait for a doorbell never sent. */
     if ((events & (POLLOUT | POLLWRNORM)) && (rs_tx_writable(c) || rs_tx_arm_credit(c) || rs_tx_writable(c)))

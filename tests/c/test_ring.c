@@ -20,9 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1804,6 +1808,160 @@ static void t_drop_stale_bells(void)
     pair_close(&p);
 }
 
+/* Both ends of a pair get event bells as a handshake hands them out: the server's own is
+ * the client's peer bell and the other way round. */
+static void pair_bells(struct pair *p)
+{
+    int fds[2];
+    CHECK_EQ(rs_bells_create(fds), 0);
+    int cli_own = dup(fds[1]), cli_peer = dup(fds[0]);
+    CHECK_EQ(rs_conn_set_bells(p->srv, fds[0], fds[1]), 0);
+    CHECK_EQ(rs_conn_set_bells(p->cli, cli_own, cli_peer), 0);
+}
+
+/* The eventfd's counter, read off (0: not raised). */
+static uint64_t bell_count(int fd)
+{
+    uint64_t v = 0;
+    return read(fd, &v, sizeof v) == (ssize_t)sizeof v ? v : 0;
+}
+
+/* Event bells (PROTOCOL 6.12): a consumer that goes idle for a wait its eventfd wakes asks
+ * for RS_WANT_EVENT; the producer raises the eventfd and sends no byte.  A wait that needs
+ * the socket (go_idle) still gets its byte; a producer without a bell answers RS_WANT_EVENT
+ * with a byte.  The bell wakes an epoll instance it was added to (edge-triggered, never
+ * read), and a descriptor that is not an eventfd is refused. */
+static void t_event_bells(void)
+{
+    struct pair p;
+    pair_open(&p, 4096, 0);
+    pair_bells(&p);
+    p.srv->rx.lazy_tidy = 1;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, RS_BELL_TAG), 1);
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, RS_BELL_TAG), 1);        /* once per instance */
+    CHECK_EQ(p.srv->rx.bell_nsets, 1);
+    struct epoll_event ev;
+    int q = -1;
+    send_str(p.cli, "x");                   /* the segment starts with a byte asked for: it goes */
+    expect_str(p.srv, "x");
+    for (int round = 0; round < 3; round++) {
+        CHECK_EQ(rs_rx_go_idle_event(p.srv), 0);
+        CHECK(p.srv->rx.ctl->want_bell & RS_WANT_EVENT, "want_bell %#x", p.srv->rx.ctl->want_bell);
+        CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);
+        send_str(p.cli, "evt");
+        CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the event bell did not wake the instance");
+        CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);                      /* edge-triggered: once */
+        CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 0, "a doorbell byte was sent too (FIONREAD %d)", q);
+        CHECK_EQ(p.cli->tx.event_bells, (uint64_t)round + 1);
+        send_str(p.cli, "more");                                    /* not asked for again: nothing */
+        CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);
+        expect_str(p.srv, "evtmore");
+    }
+    /* a fork's child that frees its copy of the connection leaves the parent's bell in the
+     * epoll instance they share */
+    pid_t child = fork();
+    if (child == 0) {
+        rs_conn_after_fork_child(p.srv);
+        int gone = p.srv->rx.bell_fd < 0 && p.srv->tx.bell_fd < 0;
+        rs_conn_free(p.srv);
+        _exit(gone ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the child kept its bells (status %d)", status);
+    CHECK_EQ(rs_rx_go_idle_event(p.srv), 0);
+    send_str(p.cli, "fork");
+    CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the child's free took the bell out of the instance");
+    expect_str(p.srv, "fork");
+    /* a wait that needs the socket's byte */
+    CHECK_EQ(rs_rx_go_idle(p.srv), 0);
+    send_str(p.cli, "byte");
+    CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 1, "no doorbell byte for go_idle (FIONREAD %d)", q);
+    expect_str(p.srv, "byte");
+    /* the other direction, into the client, by its bell */
+    CHECK_EQ(rs_rx_go_idle_event(p.cli), 0);
+    send_str(p.srv, "back");
+    CHECK_EQ(bell_count(p.srv->tx.bell_fd), 1);
+    expect_str(p.cli, "back");
+    /* a producer that cannot raise the bell rings the socket instead */
+    close(p.cli->tx.bell_fd);
+    p.cli->tx.bell_fd = -1;
+    while (ioctl(p.fd[0], FIONREAD, &q) == 0 && q > 0) { uint8_t b[64]; (void)!read(p.fd[0], b, sizeof b); }
+    p.srv->rx.bells_drained = p.cli->tx.ctl->data_bells + p.srv->tx.ctl->credit_bells;
+    CHECK_EQ(rs_rx_go_idle_event(p.srv), 0);
+    send_str(p.cli, "fallback");
+    CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 1, "no doorbell byte in place of the bell (FIONREAD %d)", q);
+    expect_str(p.srv, "fallback");
+    close(ep);
+    pair_close(&p);
+
+    /* what a hostile peer might pass instead of an eventfd: refused, and closed */
+    pair_open(&p, 4096, 0);
+    int pp[2];
+    CHECK(pipe(pp) == 0, "pipe");
+    int efd = eventfd(0, EFD_CLOEXEC);
+    CHECK_EQ(rs_conn_set_bells(p.cli, efd, pp[1]), -EBADF);
+    CHECK(fcntl(pp[1], F_GETFD) < 0 && fcntl(efd, F_GETFD) < 0, "refused descriptors left open");
+    CHECK(p.cli->rx.bell_fd < 0 && p.cli->tx.bell_fd < 0, "bells kept");
+    close(pp[0]);
+    CHECK_EQ(rs_rx_go_idle_event(p.cli), 0);                        /* without a bell: the byte */
+    CHECK_EQ(p.cli->rx.ctl->want_bell & (RS_WANT_EVENT | RS_WANT_NEXT), RS_WANT_NEXT);
+    pair_close(&p);
+}
+
+/* Producer and consumer on two threads, the consumer asleep in epoll on its event bell and
+ * socket between records: every record wakes it (no lost wake-up), bounded in time. */
+struct bell_run { rs_conn *c; int n; };
+static void *bell_producer_run(void *arg)
+{
+    struct bell_run *b = arg;
+    for (int i = 0; i < b->n; i++) {
+        uint32_t v = (uint32_t)i;
+        ssize_t r = rs_send(b->c, &v, sizeof v, 0, 10000);          /* blocking: the ring may fill */
+        CHECK(r == (ssize_t)sizeof v, "rs_send returned %zd", r);
+        if (i % 64 == 0) sched_yield();
+    }
+    return NULL;
+}
+
+static void t_event_bells_threads(void)
+{
+    struct pair p;
+    pair_open(&p, 65536, 0);
+    pair_bells(&p);
+    p.srv->rx.lazy_tidy = 1;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event sock = { .events = EPOLLIN, .data.u64 = 1 };
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, p.fd[0], &sock) == 0, "epoll_ctl");
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 1, RS_BELL_TAG), 1);
+    struct bell_run b = { p.cli, 20000 };
+    pthread_t t;
+    pthread_create(&t, NULL, bell_producer_run, &b);
+    double t0 = now_ms();
+    int sleeps = 0;
+    for (uint32_t want = 0; want < (uint32_t)b.n;) {
+        uint32_t v;
+        ssize_t r = rs_recv(p.srv, &v, sizeof v, RS_MSG_DONTWAIT, 0);
+        if (r == (ssize_t)sizeof v) {
+            CHECK_EQ(v, want);
+            want++;
+            continue;
+        }
+        CHECK(r == -EAGAIN, "rs_recv %zd", r);
+        if (rs_rx_go_idle_event(p.srv)) continue;
+        struct epoll_event ev[2];
+        CHECK(epoll_wait(ep, ev, 2, 5000) > 0, "asleep 5 s with record %u not woken (lost wake-up)", want);
+        sleeps++;
+        CHECK(now_ms() - t0 < 60000, "too slow");
+    }
+    pthread_join(t, NULL);
+    fprintf(stderr, "  %d records, %d sleeps, %llu event bells, %llu doorbell bytes\n", b.n, sleeps,
+            (unsigned long long)p.cli->tx.event_bells, (unsigned long long)p.cli->tx.ctl->data_bells);
+    close(ep);
+    pair_close(&p);
+}
+
 /* A garbage byte followed by real traffic: the consumer reads the garbage in place of a
  * doorbell it was told about, delivers the data, then reports EPROTO. */
 static void t_doorbell_garbage_traffic(void)
@@ -3537,6 +3695,8 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_eof", t_pre_eof },
     { "pre_partial", t_pre_partial },
     { "drop_stale_bells", t_drop_stale_bells },
+    { "event_bells", t_event_bells },
+    { "event_bells_threads", t_event_bells_threads },
     { "pre_send_full", t_pre_send_full },
     { "pre_send_large", t_pre_send_large },
     { "pre_switch_full_nonblocking", t_pre_switch_full_nonblocking },

@@ -1,0 +1,157 @@
+/* rs_bells.c - event bells: an eventfd per direction of a shm connection (EVENT_BELL
+ * feature, docs/PROTOCOL.md 6.12).
+ *
+ * A doorbell byte on the TCP socket costs its sender a TCP send and its receiver a wake-up
+ * through the TCP stack and a read: on one CPU a round trip of two of them takes ~15 us,
+ * where two eventfd writes take ~5 us.  A receiver that waits in epoll adds its eventfd to
+ * the program's epoll instance beside the socket (edge-triggered, so it is never read) and
+ * asks for RS_WANT_EVENT instead of RS_WANT_NEXT; the producer then writes the eventfd.
+ * Everything else (poll, select, a wait we do not see) keeps asking for the socket's byte.
+ *
+ * The server makes both eventfds and passes them with the segment; each side holds both,
+ * its own to wait on and the peer's to raise.  They count against the process's
+ * descriptors, so a process holds at most an eighth of RLIMIT_NOFILE's soft limit of
+ * them (further connections use the socket's bytes), at numbers from half that limit up,
+ * out of the range the program's own descriptors take first.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include "rs_conn.h"
+#include "rs_sys.h"
+
+static int bells_held;          /* descriptors held by this copy of the data path */
+
+static long nofile_soft(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) < 0 || r.rlim_cur == RLIM_INFINITY || r.rlim_cur > (1u << 30)) return 1 << 20;
+    return (long)r.rlim_cur;
+}
+
+/* Room for two more bell descriptors in this process. */
+static int budget_allows_two(void)
+{
+    return __atomic_load_n(&bells_held, __ATOMIC_RELAXED) + 2 <= nofile_soft() / 8;
+}
+
+/* fd moved to a number from half the soft limit up (kept where it is if none is free). */
+static int move_high(int fd)
+{
+    int high = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, (int)(nofile_soft() / 2));
+    if (high < 0) return fd;
+    syscall(SYS_close, fd);
+    return high;
+}
+
+/* Server: two new eventfds for a connection, [0] to wake the server, [1] the client.
+ * 0, or -errno (-EMFILE: the budget is spent). */
+int rs_bells_create(int fds[2])
+{
+    if (!budget_allows_two()) return -EMFILE;
+    fds[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fds[0] < 0) return -errno;
+    fds[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fds[1] < 0) {
+        int e = errno;
+        syscall(SYS_close, fds[0]);
+        return -e;
+    }
+    return 0;
+}
+
+/* 1 if fd is an eventfd.  A peer passes any descriptor it likes: one we would write to
+ * must be an eventfd (non-blocking, 8 bytes, no side effect but a wake-up). */
+int rs_bell_is_eventfd(int fd)
+{
+    char path[64], link[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    long n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) return 0;
+    link[n] = 0;
+    return strcmp(link, "anon_inode:[eventfd]") == 0;
+}
+
+/* The connection takes both descriptors: `own` is raised by the peer, `peer` by us.  They
+ * are closed here if either is not an eventfd or the budget is spent (then the socket's
+ * bytes do; the peer may still ask for an event bell, which we answer with a byte).
+ * 0, or -errno. */
+int rs_conn_set_bells(rs_conn *c, int own, int peer)
+{
+    int e = 0;
+    if (!rs_bell_is_eventfd(own) || !rs_bell_is_eventfd(peer)) e = -EBADF;
+    else if (!budget_allows_two()) e = -EMFILE;
+    else if (syscall(SYS_fcntl, peer, F_SETFL, O_NONBLOCK) < 0) e = -errno;     /* the peer's file: never block on it */
+    if (e) {
+        syscall(SYS_close, own);
+        syscall(SYS_close, peer);
+        return e;
+    }
+    __atomic_add_fetch(&bells_held, 2, __ATOMIC_RELAXED);
+    c->rx.bell_fd = move_high(own);
+    c->tx.bell_fd = move_high(peer);
+    return 0;
+}
+
+/* Producer: raises the peer's event bell.  1 if it was raised. */
+int rs_bell_raise(rs_conn *c)
+{
+    uint64_t one = 1;
+    if (c->tx.bell_fd < 0 || syscall(SYS_write, c->tx.bell_fd, &one, sizeof one) != (long)sizeof one) return 0;
+    __atomic_fetch_add(&c->tx.event_bells, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* Our event bell is in the epoll instance epfd (instance `id`: a number closed and reused
+ * is another instance), added now if not yet (edge-triggered, data `tag`).  1 if it is,
+ * 0 if it cannot be (no bell, no room in the list of instances, epoll refused). */
+int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, uint64_t tag)
+{
+    if (c->rx.bell_fd < 0) return 0;
+    rs_lock(&c->rx.lock);
+    int i, ok = 0;
+    for (i = 0; i < c->rx.bell_nsets && c->rx.bell_sets[i].epfd != epfd; i++) {}
+    if (i < c->rx.bell_nsets && c->rx.bell_sets[i].id == id) {
+        ok = 1;
+    } else if (i < RS_BELL_SETS) {
+        struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = tag };
+        if (syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_ADD, c->rx.bell_fd, &ev) == 0 || errno == EEXIST) {
+            c->rx.bell_sets[i].epfd = epfd;            /* a reused number's entry is replaced */
+            c->rx.bell_sets[i].id = id;
+            if (i == c->rx.bell_nsets) c->rx.bell_nsets++;
+            ok = 1;
+        }
+    }
+    rs_unlock(&c->rx.lock);
+    return ok;
+}
+
+/* The connection is freed: its bell leaves the epoll instances it was added to (the peer
+ * still holds the file, so closing ours would leave it there), then both are closed. */
+void rs_bells_release(rs_conn *c)
+{
+    if (c->rx.bell_fd < 0 && c->tx.bell_fd < 0) return;
+    for (int i = 0; i < c->rx.bell_nsets; i++)
+        syscall(SYS_epoll_ctl, c->rx.bell_sets[i].epfd, EPOLL_CTL_DEL, c->rx.bell_fd, NULL);
+    c->rx.bell_nsets = 0;
+    if (c->rx.bell_fd >= 0) syscall(SYS_close, c->rx.bell_fd);
+    if (c->tx.bell_fd >= 0) syscall(SYS_close, c->tx.bell_fd);
+    c->rx.bell_fd = c->tx.bell_fd = -1;
+    __atomic_sub_fetch(&bells_held, 2, __ATOMIC_RELAXED);
+}
+
+/* In a fork's child, a connection it inherited gives up its bells: the child's copy would
+ * share the parent's epoll instances, and the removals at its free would take the
+ * parent's registrations away.  Closing the child's copies leaves those alone (the files
+ * stay open in the parent); the child's waits on the connection ask for doorbell bytes. */
+void rs_bells_after_fork_child(rs_conn *c)
+{
+    if (c->rx.bell_fd < 0 && c->tx.bell_fd < 0) return;
+    c->rx.bell_nsets = 0;
+    rs_bells_release(c);
+}

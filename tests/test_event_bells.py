@@ -1,0 +1,151 @@
+"""Event bells (EVENT_BELL, docs/PROTOCOL.md 6.12): a preloaded receiver waiting in epoll
+adds an eventfd to the program's epoll instance and is woken through it instead of by a
+doorbell byte on the TCP socket.  The C tests (tests/c/test_ring.c event_bells*) cover the
+ring level: the request bits, the fallback to a byte, a refused descriptor, lost
+wake-ups.  These cover real programs: the bell's events never reach the program, the
+client sends no doorbell bytes while the server waits in epoll, and peers that do not
+speak it (turned off on either side, the Python API) interoperate."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import free_port, stop_process
+
+ROUNDS = 3000
+
+# An epoll echo server that looks up every event's descriptor: an event it did not
+# register (an event bell leaking out of the hook) fails it.  The listener stays
+# registered, so its waits sleep in the kernel, where the bells ring.
+SERVER = r"""
+import os, select, socket, sys
+port, nclients = int(sys.argv[1]), int(sys.argv[2])
+lst = socket.create_server(("127.0.0.1", port))
+lst.setblocking(False)
+ep = select.epoll()
+ep.register(lst.fileno(), select.EPOLLIN)
+def bells_in_epoll():
+    n = 0
+    for line in open("/proc/self/fdinfo/%d" % ep.fileno()):
+        m = line.split()
+        if m and m[0] == "tfd:":
+            try:
+                n += os.readlink("/proc/self/fd/%s" % m[1]) == "anon_inode:[eventfd]"
+            except OSError:
+                pass
+    return n
+conns, done, reads, most = {}, 0, 0, 0
+print("ready", flush=True)
+while done < nclients:
+    for fd, ev in ep.poll(30):
+        if fd == lst.fileno():
+            c, _ = lst.accept()
+            c.setblocking(False)
+            conns[c.fileno()] = c
+            ep.register(c.fileno(), select.EPOLLIN)
+            continue
+        c = conns[fd]                                   # KeyError: an event we never asked for
+        try:
+            data = c.recv(65536)
+        except BlockingIOError:
+            continue
+        reads += 1
+        if reads % 500 == 0:
+            most = max(most, bells_in_epoll())
+        if not data:
+            ep.unregister(fd)
+            del conns[fd]
+            c.close()
+            done += 1
+            continue
+        c.sendall(data)
+print("bells_in_epoll", most, bells_in_epoll(), flush=True)
+"""
+
+# A ping-pong client: waits in epoll (preloaded) or in recv (the Python API).  Every tenth
+# request waits a millisecond first, so the server is surely asleep in epoll for it.  At
+# the end it prints its TCP socket's own count of bytes sent (ss), which doorbell bytes
+# would raise.
+CLIENT = r"""
+import select, socket, subprocess, sys, time
+port, rounds, api = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "api"
+if api:
+    import rdmasock
+    c = rdmasock.socket()
+    c.connect(("127.0.0.1", port))
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+ep = select.epoll()
+ep.register(c.fileno(), select.EPOLLIN)
+for i in range(rounds):
+    msg = bytes([i % 251]) * 48 + i.to_bytes(16, "little")
+    if i % 10 == 0:
+        time.sleep(0.001)
+    c.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        if not api:
+            assert ep.poll(10), "no reply in 10 s at round %d" % i
+        got += c.recv(len(msg) - len(got))
+    assert got == msg, i
+local = c.getsockname()[1]
+ss = subprocess.run(["ss", "-Htin", "sport = :%d" % local], capture_output=True, text=True).stdout
+print("ss", " ".join(ss.split()), flush=True)
+c.close()
+print("ok", flush=True)
+"""
+
+
+def _run_pair(tmp_path, server_env, client_env, client_mode="preload"):
+    (tmp_path / "srv.py").write_text(SERVER)
+    (tmp_path / "cli.py").write_text(CLIENT)
+    log = str(tmp_path / "log")
+    port = free_port()
+    base = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3"]
+    srv = subprocess.Popen(["taskset", "-c", "0"] + run + [str(tmp_path / "srv.py"), str(port), "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(base, **server_env))
+    try:
+        assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+        if client_mode == "api":
+            cmd = [sys.executable, str(tmp_path / "cli.py")]
+        else:
+            cmd = run + [str(tmp_path / "cli.py")]
+        cli = subprocess.run(["taskset", "-c", "0"] + cmd + [str(port), str(ROUNDS), client_mode],
+                             capture_output=True, text=True, timeout=120, env=dict(base, **client_env))
+        assert cli.returncode == 0 and cli.stdout.strip().endswith("ok") and not cli.stderr, cli.stdout + cli.stderr
+        out, err = srv.communicate(timeout=30)
+        assert srv.returncode == 0 and not err, out + err
+    finally:
+        stop_process(srv)
+    assert open(log).read().count("transport=shm") == 2
+    sent = re.search(r"bytes_sent:(\d+)", cli.stdout)
+    assert sent, cli.stdout
+    most, after = map(int, re.search(r"bells_in_epoll (\d+) (\d+)", out).groups())
+    assert after == 0, "an event bell stayed in the epoll instance after its connection closed"
+    return most, int(sent.group(1))
+
+
+@pytest.mark.parametrize("client_mode", ["preload", "api"])
+def test_server_in_epoll_is_woken_by_its_event_bell(tmp_path, client_mode):
+    """Both ends speak EVENT_BELL: the server's bell is in its epoll instance, and the
+    client, preloaded or the Python API, rang it instead of sending doorbell bytes: its TCP
+    socket sent only the handshake (145 bytes), where the 300 requests the server surely
+    slept for would each add a byte.
+    Once the connection is closed, the bell has left the instance."""
+    bells, sent = _run_pair(tmp_path, {}, {}, client_mode)
+    assert bells == 1
+    assert sent < 145 + 100, "the client sent %d bytes on its TCP socket: doorbell bytes, not the event bell" % sent
+
+
+@pytest.mark.parametrize("off", ["server", "client"])
+def test_event_bells_off_on_either_side(tmp_path, off):
+    """RDMASOCK_EVENT_BELL=0 on either side: the feature is not agreed, the connection is
+    still shm and byte-exact, and the server is woken by doorbell bytes (one per request
+    it slept for: at least the 300 that follow a pause)."""
+    env = {"RDMASOCK_EVENT_BELL": "0"}
+    bells, sent = _run_pair(tmp_path, env if off == "server" else {}, env if off == "client" else {})
+    assert bells == 0
+    assert sent >= 145 + ROUNDS // 10, "only %d bytes sent: how was the server woken?" % sent
