@@ -3,10 +3,11 @@
  *
  * A doorbell byte on the TCP socket costs its sender a TCP send and its receiver a wake-up
  * through the TCP stack and a read: on one CPU a round trip of two of them takes ~15 us,
- * where two eventfd writes take ~5 us.  A receiver that waits in epoll adds its eventfd to
- * the program's epoll instance beside the socket (edge-triggered, so it is never read) and
- * asks for RS_WANT_EVENT instead of RS_WANT_NEXT; the producer then writes the eventfd.
- * Everything else (poll, select, a wait we do not see) keeps asking for the socket's byte.
+ * where two eventfd writes take ~5 us.  A receiver that waits in the preload's epoll,
+ * poll or select puts its eventfd into the kernel's wait beside the socket (in epoll
+ * edge-triggered, so it is never read) and asks for RS_WANT_EVENT instead of
+ * RS_WANT_NEXT; the producer then writes the eventfd.  Every other wait (one we do not
+ * see) keeps asking for the socket's byte.
  *
  * The server makes both eventfds and passes them with the segment; each side holds both,
  * its own to wait on and the peer's to raise.  They count against the process's
