@@ -3,11 +3,16 @@
  *
  * A doorbell byte on the TCP socket costs its sender a TCP send and its receiver a wake-up
  * through the TCP stack and a read: on one CPU a round trip of two of them takes ~15 us,
- * where two eventfd writes take ~5 us.  A receiver that waits in the preload's epoll,
- * poll or select puts its eventfd into the kernel's wait beside the socket (in epoll
- * edge-triggered, so it is never read) and asks for RS_WANT_EVENT instead of
- * RS_WANT_NEXT; the producer then writes the eventfd.  Every other wait (one we do not
- * see) keeps asking for the socket's byte.
+ * where two eventfd writes take ~5 us.  A receiver that waits in the preload's epoll_wait
+ * adds its eventfd to the program's epoll instance beside the socket, edge-triggered, and
+ * asks for RS_WANT_EVENT instead of RS_WANT_NEXT; the producer then writes the eventfd.
+ * Every other wait (poll, select, one we do not see) keeps asking for the socket's byte.
+ *
+ * The eventfds start at 1 and the producer writes 0: a write of 0 never blocks (the peer
+ * shares the file and could clear O_NONBLOCK, then fill the counter, and a write of 1
+ * would then wait for ever), leaves the counter alone, and still wakes the waiters; the
+ * counter at 1 makes epoll report each such wake-up once.  Nobody reads the counter.  That
+ * is also why poll cannot use them: it would see the counter, always readable.
  *
  * The server makes both eventfds and passes them with the segment; each side holds both,
  * its own to wait on and the peer's to raise.  They count against the process's
@@ -55,9 +60,9 @@ static int move_high(int fd)
 int rs_bells_create(int fds[2])
 {
     if (!budget_allows_two()) return -EMFILE;
-    fds[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    fds[0] = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fds[0] < 0) return -errno;
-    fds[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    fds[1] = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fds[1] < 0) {
         int e = errno;
         syscall(SYS_close, fds[0]);
@@ -66,8 +71,8 @@ int rs_bells_create(int fds[2])
     return 0;
 }
 
-/* 1 if fd is an eventfd.  A peer passes any descriptor it likes: one we would write to
- * must be an eventfd (non-blocking, 8 bytes, no side effect but a wake-up). */
+/* 1 if fd is an eventfd.  A peer passes any descriptor it likes: one we write to must be
+ * an eventfd (a write of 0 has no effect but a wake-up, and never blocks). */
 int rs_bell_is_eventfd(int fd)
 {
     char path[64], link[64];
@@ -87,7 +92,6 @@ int rs_conn_set_bells(rs_conn *c, int own, int peer)
     int e = 0;
     if (!rs_bell_is_eventfd(own) || !rs_bell_is_eventfd(peer)) e = -EBADF;
     else if (!budget_allows_two()) e = -EMFILE;
-    else if (syscall(SYS_fcntl, peer, F_SETFL, O_NONBLOCK) < 0) e = -errno;     /* the peer's file: never block on it */
     if (e) {
         syscall(SYS_close, own);
         syscall(SYS_close, peer);
@@ -99,11 +103,11 @@ int rs_conn_set_bells(rs_conn *c, int own, int peer)
     return 0;
 }
 
-/* Producer: raises the peer's event bell.  1 if it was raised. */
+/* Producer: raises the peer's event bell (a write of 0, see above).  1 if it was raised. */
 int rs_bell_raise(rs_conn *c)
 {
-    uint64_t one = 1;
-    if (c->tx.bell_fd < 0 || syscall(SYS_write, c->tx.bell_fd, &one, sizeof one) != (long)sizeof one) return 0;
+    uint64_t zero = 0;
+    if (c->tx.bell_fd < 0 || syscall(SYS_write, c->tx.bell_fd, &zero, sizeof zero) != (long)sizeof zero) return 0;
     __atomic_fetch_add(&c->tx.event_bells, 1, __ATOMIC_RELAXED);
     return 1;
 }

@@ -3,10 +3,7 @@
  * of a wait is referenced for the whole wait (rs_ready.c for the readiness rules). */
 #include "rs_preload.h"
 #include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 static int kernel_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
@@ -114,17 +111,9 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
             }
             words_until = 0;            /* not possible for this set: the kernel from now on */
         }
-        /* The sleep's array: the program's entries, then the event bells of its upgraded
-         * sockets waited on for input (rs_bells.c), while they fit on the stack. */
-        struct pollfd all[2 * POLL_STACK];
-        nfds_t nall = n;
         int armed_ready = 0;
-        for (nfds_t i = 0; i < n; i++) {
-            if (!socks[i]) continue;
-            int bell = n <= POLL_STACK && (want[i] & (POLLIN | POLLRDNORM)) && socks[i]->conn->rx.bell_fd >= 0;
-            if (bell) all[nall++] = (struct pollfd){ .fd = socks[i]->conn->rx.bell_fd, .events = POLLIN };
-            if (rs_ring_arm(socks[i]->conn, want[i], bell)) armed_ready = 1;
-        }
+        for (nfds_t i = 0; i < n; i++)
+            if (socks[i] && rs_ring_arm(socks[i]->conn, want[i], 0)) armed_ready = 1;
         /* Ready at arming, yet nothing to report: a record still being written.  Its
          * producer sees the armed flag after it finishes, and rings: sleep for that. */
         if (armed_ready && (r = collect(fds, n, socks, want, kernel)) != 0) goto out;
@@ -134,19 +123,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
             fds[i].events = POLLIN | POLLRDHUP | (want[i] & POLLPRI) | (rs_fb_tx_pending(socks[i]->conn) ? POLLOUT : 0);
             ms = rs_min_ms(ms, rs_ring_sleep_cap_ms(socks[i]->conn, want[i]));
         }
-        if (nall > n) {
-            memcpy(all, fds, n * sizeof *fds);
-            r = kernel_poll(all, nall, ms, mask);
-            for (nfds_t i = 0; r >= 0 && i < n; i++) fds[i].revents = all[i].revents;
-            /* a raised bell stays readable until its counter is read (level-triggered here,
-             * unlike in epoll): read off, it says only "look at the rings" */
-            for (nfds_t j = n; r > 0 && j < nall; j++) {
-                uint64_t v;
-                if (all[j].revents & POLLIN) (void)!syscall(SYS_read, all[j].fd, &v, sizeof v);
-            }
-        } else {
-            r = kernel_poll(fds, n, ms, mask);
-        }
+        r = kernel_poll(fds, n, ms, mask);
         if (r < 0) goto out;
         r = collect(fds, n, socks, want, kernel);
         if (r && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);

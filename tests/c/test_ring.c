@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1819,18 +1820,26 @@ static void pair_bells(struct pair *p)
     CHECK_EQ(rs_conn_set_bells(p->cli, cli_own, cli_peer), 0);
 }
 
-/* The eventfd's counter, read off (0: not raised). */
-static uint64_t bell_count(int fd)
+/* The eventfd's counter, without changing it (/proc/self/fdinfo). */
+static uint64_t bell_counter(int fd)
 {
-    uint64_t v = 0;
-    return read(fd, &v, sizeof v) == (ssize_t)sizeof v ? v : 0;
+    char path[64], line[128];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(path, "r");
+    uint64_t v = (uint64_t)-1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "eventfd-count: %" SCNx64, &v) == 1) break;
+    if (f) fclose(f);
+    return v;
 }
 
 /* Event bells (PROTOCOL 6.12): a consumer that goes idle for a wait its eventfd wakes asks
- * for RS_WANT_EVENT; the producer raises the eventfd and sends no byte.  A wait that needs
- * the socket (go_idle) still gets its byte; a producer without a bell answers RS_WANT_EVENT
- * with a byte.  The bell wakes an epoll instance it was added to (edge-triggered, never
- * read), and a descriptor that is not an eventfd is refused. */
+ * for RS_WANT_EVENT; the producer raises the eventfd (a write of 0: the counter stays 1)
+ * and sends no byte.  A wait that needs the socket (go_idle) still gets its byte; a
+ * producer without a bell answers RS_WANT_EVENT with a byte.  The bell wakes an epoll
+ * instance it was added to (edge-triggered, never read) once per raise, even with its file
+ * made blocking and its counter at the maximum (what a hostile peer sharing it can do),
+ * and a descriptor that is not an eventfd is refused. */
 static void t_event_bells(void)
 {
     struct pair p;
@@ -1842,6 +1851,7 @@ static void t_event_bells(void)
     CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, RS_BELL_TAG), 1);        /* once per instance */
     CHECK_EQ(p.srv->rx.bell_nsets, 1);
     struct epoll_event ev;
+    CHECK(epoll_wait(ep, &ev, 1, 0) == 1 && ev.data.u64 == RS_BELL_TAG, "adding the bell reports it once");
     int q = -1;
     send_str(p.cli, "x");                   /* the segment starts with a byte asked for: it goes */
     expect_str(p.srv, "x");
@@ -1854,6 +1864,7 @@ static void t_event_bells(void)
         CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);                      /* edge-triggered: once */
         CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 0, "a doorbell byte was sent too (FIONREAD %d)", q);
         CHECK_EQ(p.cli->tx.event_bells, (uint64_t)round + 1);
+        CHECK_EQ(bell_counter(p.srv->rx.bell_fd), 1);               /* a write of 0 */
         send_str(p.cli, "more");                                    /* not asked for again: nothing */
         CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);
         expect_str(p.srv, "evtmore");
@@ -1879,11 +1890,21 @@ static void t_event_bells(void)
     send_str(p.cli, "byte");
     CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 1, "no doorbell byte for go_idle (FIONREAD %d)", q);
     expect_str(p.srv, "byte");
-    /* the other direction, into the client, by its bell */
+    /* the other direction, into the client, by its bell, which the server (a hostile peer,
+     * say) made blocking and filled up: the raise neither blocks nor fails */
+    int ep2 = epoll_create1(EPOLL_CLOEXEC);
+    CHECK_EQ(rs_bell_in_epoll(p.cli, ep2, 8, RS_BELL_TAG), 1);
+    CHECK_EQ(epoll_wait(ep2, &ev, 1, 0), 1);
+    CHECK(fcntl(p.srv->tx.bell_fd, F_SETFL, 0) == 0, "F_SETFL");
+    uint64_t big = 0xfffffffffffffffdull;
+    CHECK(write(p.srv->tx.bell_fd, &big, sizeof big) == (ssize_t)sizeof big, "filling the counter");
+    CHECK_EQ(epoll_wait(ep2, &ev, 1, 0), 1);
     CHECK_EQ(rs_rx_go_idle_event(p.cli), 0);
     send_str(p.srv, "back");
-    CHECK_EQ(bell_count(p.srv->tx.bell_fd), 1);
+    CHECK(epoll_wait(ep2, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the client's bell did not wake it");
+    CHECK_EQ(p.srv->tx.event_bells, 1);
     expect_str(p.cli, "back");
+    close(ep2);
     /* a producer that cannot raise the bell rings the socket instead */
     close(p.cli->tx.bell_fd);
     p.cli->tx.bell_fd = -1;
