@@ -11,7 +11,7 @@ import socket as _s
 import time
 import _socket as _c        # the C socket type: its methods even when socket.socket is patched
 
-from . import config, handshake as hs, reasons, rendezvous, transport_rdma, transport_shm
+from . import config, handshake as hs, log, reasons, rendezvous, transport_rdma, transport_shm
 from ._native import ffi, lib
 from .devices import RdmaUnavailable
 
@@ -57,6 +57,15 @@ def _features():
 def _close_all(fds):
     for fd in fds:
         os.close(fd)
+
+
+def _keep_bells(conn, own, peer):
+    """The connection takes its event bells (shim/rs_bells.c); if it refuses them (not
+    eventfds, or the process's share of descriptors is spent), the socket's doorbell bytes
+    wake it, and a debug line says why."""
+    r = lib.rs_conn_set_bells(conn, own, peer)
+    if r < 0:
+        log.line("event bells not kept (doorbell bytes instead): %s" % os.strerror(-r), level=3)
 
 
 class Outcome:
@@ -376,7 +385,7 @@ class Client(_Side):
         if bells and msg.features & hs.F_EVENT_BELL:
             # [the server's bell, ours]; not eventfds, or too many descriptors held: the
             # socket's doorbell bytes, which the server's wait holds too (rs_bells.c)
-            lib.rs_conn_set_bells(conn, bells[1], bells[0])
+            _keep_bells(conn, bells[1], bells[0])
         else:
             _close_all(bells)
         return Outcome("shm", conn=conn)
@@ -505,7 +514,7 @@ class Server(_Side):
             if memfd is not None:
                 os.close(memfd)
         if bells:
-            lib.rs_conn_set_bells(conn, bells[0], bells[1])     # [ours, the client's]
+            _keep_bells(conn, bells[0], bells[1])               # [ours, the client's]
         reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, features
         reply.ring_log2, reply.salt = ring_log2, salt
         _agreed(conn, reply.features)
@@ -518,7 +527,11 @@ class Server(_Side):
         if not features & hs.F_EVENT_BELL:
             return []
         fds = ffi.new("int[2]")
-        return [fds[0], fds[1]] if lib.rs_bells_create(fds) == 0 else []
+        r = lib.rs_bells_create(fds)
+        if r < 0:
+            log.line("event bells not made (doorbell bytes instead): %s" % os.strerror(-r), level=3)
+            return []
+        return [fds[0], fds[1]]
 
     def close(self):
         pass

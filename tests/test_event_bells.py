@@ -7,6 +7,7 @@ client sends no doorbell bytes while the server waits in epoll, and peers that d
 speak it (turned off on either side, the Python API) interoperate."""
 import os
 import re
+import resource
 import subprocess
 import sys
 
@@ -100,14 +101,14 @@ print("ok", flush=True)
 """
 
 
-def _run_pair(tmp_path, server_env, client_env, client_mode="preload", server_mode="epoll"):
+def _run_pair(tmp_path, server_env, client_env, client_mode="preload", server_mode="epoll", server_prefix=()):
     (tmp_path / "srv.py").write_text(SERVER)
     (tmp_path / "cli.py").write_text(CLIENT)
     log = str(tmp_path / "log")
     port = free_port()
     base = dict(os.environ, RDMASOCK_LOG_FILE=log)
     run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3"]
-    srv = subprocess.Popen(["taskset", "-c", "0"] + run + [str(tmp_path / "srv.py"), str(port), "1", server_mode],
+    srv = subprocess.Popen(["taskset", "-c", "0"] + list(server_prefix) + run + [str(tmp_path / "srv.py"), str(port), "1", server_mode],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(base, **server_env))
     try:
         assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
@@ -122,7 +123,8 @@ def _run_pair(tmp_path, server_env, client_env, client_mode="preload", server_mo
         assert srv.returncode == 0 and not err, out + err
     finally:
         stop_process(srv)
-    assert open(log).read().count("transport=shm") == 2
+    logged = open(log).read()
+    assert logged.count("transport=shm") == 2, logged
     sent = re.search(r"bytes_sent:(\d+)", cli.stdout)
     assert sent, cli.stdout
     most, after = map(int, re.search(r"bells_in_epoll (-?\d+) (-?\d+)", out).groups())
@@ -160,3 +162,14 @@ def test_event_bells_off_on_either_side(tmp_path, off):
     bells, sent = _run_pair(tmp_path, env if off == "server" else {}, env if off == "client" else {})
     assert bells == 0
     assert sent >= 145 + ROUNDS // 10, "only %d bytes sent: how was the server woken?" % sent
+
+
+def test_event_bells_within_the_descriptor_share(tmp_path):
+    """A server whose RLIMIT_NOFILE soft limit is 15 may hold one descriptor (an eighth) in
+    event bells, less than a connection's two: it makes none, says so in the debug log,
+    and the connection is shm and byte-exact, woken by doorbell bytes."""
+    bells, sent = _run_pair(tmp_path, {"RDMASOCK_LOG_LEVEL": "debug"}, {},
+                            server_prefix=("prlimit", "--nofile=15:%d" % resource.getrlimit(resource.RLIMIT_NOFILE)[1], "--"))
+    assert bells == 0
+    assert sent >= 145 + ROUNDS // 10, "only %d bytes sent: how was the server woken?" % sent
+    assert "event bells not made (doorbell bytes instead): Too many open files" in (tmp_path / "log").read_text()
