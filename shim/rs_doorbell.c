@@ -166,12 +166,14 @@ void rs_rx_tidy(rs_conn *c)
     c->ops->tidy(c);
 }
 
-/* The kernel reported the socket readable and the ring has nothing: doorbells of records
- * already consumed, which lazy_tidy leaves there.  A level-triggered epoll reports them at
- * every call until they are read, a cost per call that grows with the number of idle
- * connections: they are read now, and no new one is asked for (the hooks arm before they
- * sleep).  Only under lazy_tidy: otherwise a wait we do not see (another epoll instance,
- * SIGIO) may rely on the next record's doorbell. */
+/* The kernel reported the socket readable and the ring has nothing new: doorbells of
+ * records already consumed, which lazy_tidy leaves there, or the peer's end, or garbage.
+ * A level-triggered epoll reports stale bells at every call until they are read, a cost
+ * per call that grows with the number of idle connections: they are read now, and no new
+ * one is asked for (the hooks arm before they sleep).  The rest is looked at now, once per
+ * report (an epoll wait armed with go_idle_event does not peek on its own).  Only under
+ * lazy_tidy: otherwise a wait we do not see (another epoll instance, SIGIO) may rely on
+ * the next record's doorbell. */
 void rs_rx_drop_stale_bells(rs_conn *c)
 {
     rs_lock(&c->rx.lock);

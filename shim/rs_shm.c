@@ -278,8 +278,11 @@ static int drain_counted(rs_conn *c, int *all)
     return 0;
 }
 
-/* `bell`: what to ask for, RS_WANT_NEXT or RS_WANT_EVENT (RS_WANT_EVERY overrides it). */
-static int go_idle(rs_conn *c, int check, uint32_t bell)
+/* `bell`: what to ask for, RS_WANT_NEXT or RS_WANT_EVENT (RS_WANT_EVERY overrides it).
+ * `peek`: look at the socket now and then for what is not a counted bell (the peer's end,
+ * garbage); not needed where the kernel's wait holds the socket and its reports are
+ * looked into (drop_stale). */
+static int go_idle(rs_conn *c, int check, uint32_t bell, int peek)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (c->rx.move.state) return rs_fb_rx_ready(c);     /* past the peer's MOVED record: the socket is the stream */
@@ -290,17 +293,22 @@ static int go_idle(rs_conn *c, int check, uint32_t bell)
     __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : bell, __ATOMIC_SEQ_CST);
     int all;
     if (drain_counted(c, &all)) return 1;
-    if (check && all && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
+    if (peek && all && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
     return 0;
 }
 
 /* Consumer found its ring empty (caller holds rx_lock): want_bell set and every doorbell
  * sent before that drained; 1 if a record is there after all. */
-static int shm_go_idle(rs_conn *c) { return go_idle(c, 1, RS_WANT_NEXT); }
+static int shm_go_idle(rs_conn *c) { return go_idle(c, 1, RS_WANT_NEXT, 1); }
 
-/* The same, for a wait that our event bell wakes: the peer raises the bell, not the
- * socket (without a bell, the socket). */
-static int shm_go_idle_event(rs_conn *c) { return go_idle(c, 1, c->rx.bell_fd >= 0 ? RS_WANT_EVENT : RS_WANT_NEXT); }
+/* The same, for an epoll wait that our event bell wakes: the peer raises the bell, not the
+ * socket (without a bell, the socket).  That wait holds the socket too, and what the
+ * kernel reports for it is looked into (shm_drop_stale): no peeks here, which cost a
+ * server with a thousand connections a system call per connection and millisecond. */
+static int shm_go_idle_event(rs_conn *c)
+{
+    return go_idle(c, 1, c->rx.bell_fd >= 0 ? RS_WANT_EVENT : RS_WANT_NEXT, 0);
+}
 
 /* A blocking receive found the ring empty (caller holds rx_lock), and both ends speak
  * FUTEX_WAKE: the producer is asked to raise data_seq with the next record (a futex wake,
@@ -345,16 +353,25 @@ static void shm_tidy(rs_conn *c)
      * record then rings again, and a request/response exchange paid a send and a recv
      * system call per message for it.  The stale byte keeps the invariant (6.7). */
     if (c->rx.lazy_tidy) return;
-    if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0, RS_WANT_NEXT);
+    if (bells_counted(c) > c->rx.bells_drained && !rs_rx_ready_locked(c)) go_idle(c, 0, RS_WANT_NEXT, 0);
 }
 
-/* Doorbells of records already consumed, read off without asking for the next one (as
- * go_idle would). */
+/* The kernel reported the socket readable and the ring has nothing new for it.  Doorbells
+ * of records already consumed are read off without asking for the next one (as go_idle
+ * would); then what else the socket holds is looked at: the peer's end, garbage.  Bells of
+ * records still unread stay (another wait of the program may rely on them); behind them
+ * the kernel is asked whether the peer is gone. */
 static void shm_drop_stale(rs_conn *c)
 {
-    int all;
-    if (!c->rx.spill_state && bells_counted(c) > c->rx.bells_drained)   /* spill: the socket has stream bytes */
-        drain_counted(c, &all);
+    int all = 1;
+    if (c->rx.spill_state) return;                          /* the socket has stream bytes */
+    if (bells_counted(c) > c->rx.bells_drained) {
+        if (rs_rx_ready_locked(c)) all = 0;
+        else if (drain_counted(c, &all)) return;            /* a record came meanwhile */
+    }
+    if (RS_GET(c->tcp_eof)) return;
+    if (all) check_uncounted(c);
+    else rs_peer_gone(c);
 }
 
 static void shm_bell_every(rs_conn *c, int on)

@@ -25,10 +25,11 @@ import os, select, socket, sys
 port, nclients, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 lst = socket.create_server(("127.0.0.1", port))
 lst.setblocking(False)
-ep = select.epoll() if mode == "epoll" else select.poll()
+ep = select.poll() if mode == "poll" else select.epoll()
+flags = select.EPOLLIN | (select.EPOLLET if mode == "epoll-et" else 0)
 ep.register(lst.fileno(), select.EPOLLIN)
 def bells_in_epoll():
-    if mode != "epoll":
+    if mode == "poll":
         return -1
     n = 0
     for line in open("/proc/self/fdinfo/%d" % ep.fileno()):
@@ -47,23 +48,28 @@ while done < nclients:
             c, _ = lst.accept()
             c.setblocking(False)
             conns[c.fileno()] = c
-            ep.register(c.fileno(), select.EPOLLIN)
+            ep.register(c.fileno(), flags)
             continue
         c = conns[fd]                                   # KeyError: an event we never asked for
-        try:
-            data = c.recv(65536)
-        except BlockingIOError:
-            continue
-        reads += 1
-        if reads % 500 == 0:
-            most = max(most, bells_in_epoll())
-        if not data:
-            ep.unregister(fd)
-            del conns[fd]
-            c.close()
-            done += 1
-            continue
-        c.sendall(data)
+        while True:                                     # edge-triggered: until EAGAIN
+            try:
+                data = c.recv(65536)
+            except BlockingIOError:
+                break
+            except ConnectionResetError:
+                data = b""
+            reads += 1
+            if reads % 500 == 0:
+                most = max(most, bells_in_epoll())
+            if not data:
+                ep.unregister(fd)
+                del conns[fd]
+                c.close()
+                done += 1
+                break
+            c.sendall(data)
+            if mode != "epoll-et":
+                break
 print("bells_in_epoll", most, bells_in_epoll(), flush=True)
 """
 
@@ -74,6 +80,7 @@ print("bells_in_epoll", most, bells_in_epoll(), flush=True)
 CLIENT = r"""
 import select, socket, subprocess, sys, time
 port, rounds, api = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "api"
+die = len(sys.argv) > 4                 # killed after the rounds, the connection still open
 if api:
     import rdmasock
     c = rdmasock.socket()
@@ -93,6 +100,10 @@ for i in range(rounds):
             assert ep.poll(10), "no reply in 10 s at round %d" % i
         got += c.recv(len(msg) - len(got))
     assert got == msg, i
+if die:
+    import os, signal
+    print("dying", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 local = c.getsockname()[1]
 ss = subprocess.run(["ss", "-Htin", "sport = :%d" % local], capture_output=True, text=True).stdout
 print("ss", " ".join(ss.split()), flush=True)
@@ -173,3 +184,28 @@ def test_event_bells_within_the_descriptor_share(tmp_path):
     assert bells == 0
     assert sent >= 145 + ROUNDS // 10, "only %d bytes sent: how was the server woken?" % sent
     assert "event bells not made (doorbell bytes instead): Too many open files" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize("server_mode", ["epoll", "epoll-et"])
+def test_peer_killed_while_the_server_waits_on_its_bell(tmp_path, server_mode):
+    """The client is killed (SIGKILL) with the connection open while the server sleeps in
+    epoll, level- or edge-triggered, armed for its event bell: nobody raises the bell; the
+    kernel reports the socket, the hook looks at it, and the server's read ends (EOF or
+    reset) at once, as over TCP."""
+    (tmp_path / "srv.py").write_text(SERVER)
+    (tmp_path / "cli.py").write_text(CLIENT)
+    port = free_port()
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3"]
+    srv = subprocess.Popen(run + [str(tmp_path / "srv.py"), str(port), "1", server_mode],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+        cli = subprocess.run(run + [str(tmp_path / "cli.py"), str(port), "200", "preload", "die"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert cli.returncode == -9 and "dying" in cli.stdout, cli.stdout + cli.stderr
+        out, err = srv.communicate(timeout=20)          # a missed end would leave it waiting
+        assert srv.returncode == 0 and not err, out + err
+    finally:
+        stop_process(srv)
+    assert open(tmp_path / "log").read().count("transport=shm") == 2

@@ -361,8 +361,12 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     int stale_edge = (m->events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == m->et_mark;
     if ((e->events & (EPOLLIN | EPOLLRDNORM)) && !(e->events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
         (stale_edge || !rs_rx_ready(c))) {
-        e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
-        if (!stale_edge) rs_rx_drop_stale_bells(c);
+        uint32_t in = e->events & (EPOLLIN | EPOLLRDNORM);
+        e->events &= ~in;
+        /* stale bells go; the peer's end or garbage on the socket is reported (this is
+         * where an epoll wait learns of them: its arming does not peek) */
+        rs_rx_drop_stale_bells(c);
+        if (RS_GET(c->tcp_eof) || RS_GET(c->err)) e->events |= in;
         if (!e->events && (m->events & EPOLLONESHOT)) {
             /* the kernel's one shot went on a stale doorbell: arm it again */
             struct epoll_event again = { .events = m->events, .data = m->data };
