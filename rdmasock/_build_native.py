@@ -54,8 +54,6 @@ struct rs_tx {
     uint64_t records;
     uint64_t spilled;
     uint64_t spills;
-    uint64_t event_bells;
-    int bell_fd;
     uint8_t fin_sent;
     ...;
 };
@@ -75,7 +73,6 @@ struct rs_rx {
     uint64_t bells_drained;
     uint64_t spilled;
     uint8_t fin_seen;
-    int bell_fd;
     struct rs_rx_pre pre;
     ...;
 };

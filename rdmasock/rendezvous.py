@@ -19,7 +19,7 @@ looked up.  The client's name accepts the one connection over which the server p
 shared-memory descriptor, in a message that carries the nonce of the client's HELLO (sent
 only over the TCP connection, so only the TCP peer knows it).  Connections from anybody
 else are shut down and drained with every descriptor they passed made harmless first
-(`_defuse`): closing a received TCP socket with SO_LINGER set would otherwise block."""
+(`defuse`): closing a received TCP socket with SO_LINGER set would otherwise block."""
 import array
 import errno
 import ipaddress
@@ -156,7 +156,7 @@ def send_fd(client_ip, client_port, nonce, fds):
         s.close()
 
 
-def _defuse(fds):
+def defuse(fds):
     """Closes descriptors somebody passed us without blocking: a TCP socket with SO_LINGER
     and unsent data would hold close() for its linger time, so sockets are reset instead."""
     for fd in fds:
@@ -232,7 +232,7 @@ def _drain(marker, nonce):
             if got is None and nonce is not None and data == FD_TAG + nonce and len(fds) in (1, 3) \
                     and not flags & _socket.MSG_CTRUNC:
                 got, fds = fds, []
-            _defuse(fds)
+            defuse(fds)
         conn.close()
     return got
 

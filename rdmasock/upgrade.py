@@ -59,12 +59,13 @@ def _close_all(fds):
         os.close(fd)
 
 
-def _keep_bells(conn, own, peer):
+def _keep_bells(conn, own, peer, close):
     """The connection takes its event bells (shim/rs_bells.c); if it refuses them (not
-    eventfds, or the process's share of descriptors is spent), the socket's doorbell bytes
-    wake it, and a debug line says why."""
+    eventfds, or the process's share of descriptors is spent), `close` disposes of them,
+    the socket's doorbell bytes wake it, and a debug line says why."""
     r = lib.rs_conn_set_bells(conn, own, peer)
     if r < 0:
+        close([own, peer])
         log.line("event bells not kept (doorbell bytes instead): %s" % os.strerror(-r), level=3)
 
 
@@ -373,21 +374,22 @@ class Client(_Side):
         try:
             conn = transport_shm.attach(fd, self.sock.fileno(), False, config.get().spin_us, reserved)
         except OSError as exc:
-            _close_all(bells)
+            rendezvous.defuse(bells)
             raise hs.HandshakeError("shm_unavailable", "rdmasock: handshake: cannot map the peer's segment: %s" % exc)
         finally:
             os.close(fd)
         if conn.salt != msg.salt or conn.ring_size != 1 << msg.ring_log2:
-            _close_all(bells)
+            rendezvous.defuse(bells)
             transport_shm.release(conn)
             raise hs.HandshakeError("handshake_garbage", "rdmasock: handshake: segment does not match ACCEPT")
         _agreed(conn, msg.features)
         if bells and msg.features & hs.F_EVENT_BELL:
-            # [the server's bell, ours]; not eventfds, or too many descriptors held: the
-            # socket's doorbell bytes, which the server's wait holds too (rs_bells.c)
-            _keep_bells(conn, bells[1], bells[0])
+            # [the server's bell, ours]; the server passes what it likes: a refused
+            # descriptor is closed harmlessly, and the socket's doorbell bytes, which the
+            # server's wait holds too, wake us (rs_bells.c)
+            _keep_bells(conn, bells[1], bells[0], rendezvous.defuse)
         else:
-            _close_all(bells)
+            rendezvous.defuse(bells)
         return Outcome("shm", conn=conn)
 
     def _accept_rdma(self, msg):
@@ -514,7 +516,7 @@ class Server(_Side):
             if memfd is not None:
                 os.close(memfd)
         if bells:
-            _keep_bells(conn, bells[0], bells[1])               # [ours, the client's]
+            _keep_bells(conn, bells[0], bells[1], _close_all)   # [ours, the client's]
         reply.op, reply.transports, reply.features = hs.OP_ACCEPT, hs.T_SHM, features
         reply.ring_log2, reply.salt = ring_log2, salt
         _agreed(conn, reply.features)

@@ -73,7 +73,7 @@ int rs_bells_create(int fds[2])
 
 /* 1 if fd is an eventfd.  A peer passes any descriptor it likes: one we write to must be
  * an eventfd (a write of 0 has no effect but a wake-up, and never blocks). */
-int rs_bell_is_eventfd(int fd)
+static int is_eventfd(int fd)
 {
     char path[64], link[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -83,20 +83,14 @@ int rs_bell_is_eventfd(int fd)
     return strcmp(link, "anon_inode:[eventfd]") == 0;
 }
 
-/* The connection takes both descriptors: `own` is raised by the peer, `peer` by us.  They
- * are closed here if either is not an eventfd or the budget is spent (then the socket's
- * bytes do; the peer may still ask for an event bell, which we answer with a byte).
- * 0, or -errno. */
+/* The connection takes both descriptors: `own` is raised by the peer, `peer` by us.  0, or
+ * -errno if either is not an eventfd or the budget is spent: then they stay the caller's
+ * to close (a peer's descriptor may be anything, rdmasock.rendezvous.defuse), and the
+ * socket's bytes wake us (the peer may still ask for an event bell: a byte answers). */
 int rs_conn_set_bells(rs_conn *c, int own, int peer)
 {
-    int e = 0;
-    if (!rs_bell_is_eventfd(own) || !rs_bell_is_eventfd(peer)) e = -EBADF;
-    else if (!budget_allows_two()) e = -EMFILE;
-    if (e) {
-        syscall(SYS_close, own);
-        syscall(SYS_close, peer);
-        return e;
-    }
+    if (!is_eventfd(own) || !is_eventfd(peer)) return -EBADF;
+    if (!budget_allows_two()) return -EMFILE;
     __atomic_add_fetch(&bells_held, 2, __ATOMIC_RELAXED);
     c->rx.bell_fd = move_high(own);
     c->tx.bell_fd = move_high(peer);
@@ -113,9 +107,9 @@ int rs_bell_raise(rs_conn *c)
 }
 
 /* Our event bell is in the epoll instance epfd (instance `id`: a number closed and reused
- * is another instance), added now if not yet (edge-triggered, data `tag`).  1 if it is,
- * 0 if it cannot be (no bell, no room in the list of instances, epoll refused). */
-int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, uint64_t tag)
+ * is another instance), added now if not yet (edge-triggered, data RS_BELL_TAG).  1 if it
+ * is, 0 if it cannot be (no bell, no room in the list of instances, epoll refused). */
+int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id)
 {
     if (c->rx.bell_fd < 0) return 0;
     rs_lock(&c->rx.lock);
@@ -124,7 +118,7 @@ int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, uint64_t tag)
     if (i < c->rx.bell_nsets && c->rx.bell_sets[i].id == id) {
         ok = 1;
     } else if (i < RS_BELL_SETS) {
-        struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = tag };
+        struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = RS_BELL_TAG };
         if (syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_ADD, c->rx.bell_fd, &ev) == 0 || errno == EEXIST) {
             c->rx.bell_sets[i].epfd = epfd;            /* a reused number's entry is replaced */
             c->rx.bell_sets[i].id = id;

@@ -314,10 +314,9 @@ int      rs_tx_arm_credit_locked(rs_conn *c);
 /* rs_bells.c: event bells (an eventfd per direction, shm) */
 #define RS_BELL_TAG 0x7273626c6c000000ull     /* epoll data of an event bell: "rsbll" */
 int      rs_bells_create(int fds[2]);
-int      rs_bell_is_eventfd(int fd);
 int      rs_conn_set_bells(rs_conn *c, int own, int peer);
 int      rs_bell_raise(rs_conn *c);
-int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, uint64_t tag);
+int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id);
 void     rs_bells_release(rs_conn *c);
 void     rs_bells_after_fork_child(rs_conn *c);
 

@@ -566,7 +566,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
             /* a wait for input: the member's event bell wakes this instance too, if it has one
              * (not for a fired one-shot, which nothing may wake until EPOLL_CTL_MOD) */
             int bell = (s->m[i].events & EPOLLIN) && !s->m[i].disarmed &&
-                       rs_bell_in_epoll(k->conn, epfd, s->id, RS_BELL_TAG);
+                       rs_bell_in_epoll(k->conn, epfd, s->id);
             if (bell && !s->bells) { s->bells = 1; __atomic_store_n(&bells_added, 1, __ATOMIC_RELAXED); }
             if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0), bell))
                 ready = 1;
