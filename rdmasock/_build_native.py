@@ -88,6 +88,7 @@ typedef struct rs_conn {
     uint8_t fb_done;
     uint8_t spill_ok;
     uint8_t word_wake_ok;
+    uint8_t quiet_wake_ok;
     uint64_t bells_sent;
     struct rs_tx tx;
     struct rs_rx rx;

@@ -672,7 +672,8 @@ class socket(_base):
         return {"transport": self.transport, "bytes_sent": c.tx.bytes, "bytes_received": c.rx.bytes,
                 "records_sent": c.tx.records, "records_received": c.rx.records, "bytes_spilled": c.tx.spilled,
                 "doorbells_sent": c.bells_sent, "sleeps": c.rx.sleeps, "word_sleeps": c.rx.word_sleeps,
-                "word_timeouts": c.rx.word_timeouts, "word_wake": bool(c.word_wake_ok)}
+                "word_timeouts": c.rx.word_timeouts, "word_wake": bool(c.word_wake_ok),
+                "quiet_wake": bool(c.quiet_wake_ok)}
 
 
 def _writable(fd, seconds):

@@ -55,6 +55,7 @@ class Config:
         self.spill = value(env, "SPILL").lower() in _TRUE
         self.word_wake = value(env, "WORD_WAKE").lower() in _TRUE
         self.event_bell = value(env, "EVENT_BELL").lower() in _TRUE
+        self.quiet_wake = value(env, "QUIET_WAKE").lower() in _TRUE
         self.spin_us = int(value(env, "SPIN_US"))
         self.log_file = value(env, "LOG_FILE") or None
         level = value(env, "LOG_LEVEL").lower()

@@ -40,8 +40,9 @@ F_LAZY_SWITCH = 1 << 5     # optional: the client's SWITCH comes with its first 
 F_SPILL = 1 << 6           # optional: a full ring spills stream bytes to the socket (SPILL records, shm)
 F_FUTEX_WAKE = 1 << 7      # optional: a waiting shm receiver may be woken through a futex word
 F_EVENT_BELL = 1 << 8      # optional: shm receivers may be woken through an eventfd per direction
+F_QUIET_WAKE = 1 << 9      # optional: a shm receive that takes all that comes is woken without a byte
 REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP | F_PREAMBLE
-SUPPORTED = REQUIRED | F_LAZY_SWITCH | F_SPILL | F_FUTEX_WAKE | F_EVENT_BELL
+SUPPORTED = REQUIRED | F_LAZY_SWITCH | F_SPILL | F_FUTEX_WAKE | F_EVENT_BELL | F_QUIET_WAKE
 
 
 class HandshakeError(ConnectionError):

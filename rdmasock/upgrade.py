@@ -42,15 +42,16 @@ def _agreed(conn, features):
     """A shm connection's optional features, as the server's ACCEPT lists them."""
     conn.spill_ok = bool(features & hs.F_SPILL)
     conn.word_wake_ok = bool(features & hs.F_FUTEX_WAKE)
+    conn.quiet_wake_ok = bool(features & hs.F_QUIET_WAKE) and conn.word_wake_ok
 
 
 def _features():
-    """The handshake features this process offers: all it supports, less SPILL, FUTEX_WAKE
-    and EVENT_BELL where RDMASOCK_SPILL, RDMASOCK_WORD_WAKE or RDMASOCK_EVENT_BELL turns
-    them off."""
+    """The handshake features this process offers: all it supports, less SPILL, FUTEX_WAKE,
+    EVENT_BELL and QUIET_WAKE where RDMASOCK_SPILL, RDMASOCK_WORD_WAKE, RDMASOCK_EVENT_BELL
+    or RDMASOCK_QUIET_WAKE turns them off (QUIET_WAKE needs FUTEX_WAKE)."""
     cfg = config.get()
-    off = ((0 if cfg.spill else hs.F_SPILL) | (0 if cfg.word_wake else hs.F_FUTEX_WAKE) |
-           (0 if cfg.event_bell else hs.F_EVENT_BELL))
+    off = ((0 if cfg.spill else hs.F_SPILL) | (0 if cfg.word_wake else hs.F_FUTEX_WAKE | hs.F_QUIET_WAKE) |
+           (0 if cfg.event_bell else hs.F_EVENT_BELL) | (0 if cfg.quiet_wake else hs.F_QUIET_WAKE))
     return hs.SUPPORTED & ~off
 
 

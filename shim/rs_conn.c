@@ -29,6 +29,7 @@ void rs_conn_after_fork_child(rs_conn *c)
 {
     c->fd_users = 0;
     c->rx.lock.v = c->tx.lock.v = 0;
+    c->rx.quiet_sleepers = 0;                   /* the threads asleep in receives are the parent's */
     c->ops->after_fork_child(c);
 }
 

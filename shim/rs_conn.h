@@ -108,6 +108,7 @@ struct rs_rx {
     uint64_t records, sleeps;
     uint64_t word_sleeps;     /* receives asleep on the shared word (FUTEX_WAKE) */
     uint64_t word_timeouts;   /* ... that its window ended, not the peer: then on the socket */
+    uint32_t quiet_sleepers;  /* receives inside a sleep armed with RS_WANT_QUIET (rs_shm.c) */
     struct rs_rx_pre pre;     /* the client's preamble */
     struct rs_rx_move move;   /* the direction's move to TCP */
     uint64_t spill_left;      /* stream bytes of the current SPILL still to read from the socket */
@@ -146,6 +147,8 @@ struct rs_conn {
     uint8_t  switch_sent;     /* bytes of that SWITCH frame on the socket so far */
     uint8_t  spill_ok;        /* both ends speak SPILL (handshake feature): a ring that stays
                                * full spills to the socket for a while (rs_spill.c) */
+    uint8_t  quiet_wake_ok;   /* both ends speak QUIET_WAKE: a blocking receive that will take all
+                               * that arrives is woken without a doorbell byte (rs_shm.c) */
     uint8_t  word_wake_ok;    /* both ends speak FUTEX_WAKE (handshake feature): a waiting
                                * receiver may sleep on a shared word instead of the socket */
     char     errmsg[RS_ERRMSG_LEN];
@@ -300,7 +303,8 @@ int      rs_bell_read_result(rs_conn *c, long n);
 void     rs_note_sock_error(rs_conn *c, int e);
 int      rs_rx_go_idle(rs_conn *c);
 int      rs_rx_go_idle_event(rs_conn *c);
-int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen);
+int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room);
+int      rs_rx_word_woken_locked(rs_conn *c);
 int      rs_rx_go_idle_locked(rs_conn *c);
 int      rs_rx_nonblock_empty(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);

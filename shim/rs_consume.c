@@ -456,8 +456,13 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
      * then waited for by napping; once the deadline is reached, looked at once more. */
     int fruitless = 0, last_look = 0, looked_flags = 0;
     uint64_t word_until = 0;                    /* end of the sleeps on a shared word (word_sleep) */
+    int quiet = 0;                              /* armed quietly: rs_rx_word_woken_locked is due */
     rs_lock(&c->rx.lock);
     for (;;) {
+        if (quiet) {
+            quiet = 0;
+            rs_rx_word_woken_locked(c);         /* what came is taken now, whatever happens next */
+        }
         size_t took = rs_rx_take(c, (uint8_t *)buf + got, len - got, peek);
         got += took;
         fruitless = took ? 0 : fruitless + 1;
@@ -519,9 +524,10 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         const uint32_t *word = NULL;
         uint32_t seen = 0;
         int ready = -1;
-        if (!nonblock) {
+        if (!nonblock && !rs_passed(deadline)) {
             if (!word_until) word_until = rs_now_ns() + RS_WORD_WINDOW_MS * 1000000ull;
-            if (!rs_passed(word_until)) ready = rs_rx_arm_word_locked(c, &word, &seen);
+            if (!rs_passed(word_until)) ready = rs_rx_arm_word_locked(c, &word, &seen, peek ? 0 : len - got);
+            if (ready == 2) ready = 0, quiet = 1;
         }
         if (ready < 0) {
             word = NULL;
@@ -529,6 +535,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
         if (nonblock || rs_passed(deadline)) {
+            if (quiet) continue;                /* woken at the top, and looked at again */
             if (ready && !last_look++) continue;
             r = got ? (ssize_t)got : -EAGAIN;
             break;
@@ -539,9 +546,17 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         int w = ready ? rs_nap(RS_RECORD_NAP_NS, deadline, got > 0)
                 : word ? word_sleep(c, word, seen, deadline, word_until)
                        : rs_wait_fd(c, rs_ms_until(deadline));
-        if (w == -EINTR) return got ? (ssize_t)got : -EINTR;
-        if (!ready) fruitless = 0;                      /* woken: worth a spin again */
         rs_lock(&c->rx.lock);
+        if (w == -EINTR) {
+            /* records that came quietly are this receive's to take; otherwise the signal */
+            int take = quiet && rs_rx_word_woken_locked(c);
+            quiet = 0;
+            if (!take) {
+                rs_unlock(&c->rx.lock);
+                return got ? (ssize_t)got : -EINTR;
+            }
+        }
+        if (!ready) fruitless = 0;                      /* woken: worth a spin again */
     }
     rs_unlock(&c->rx.lock);
     return r;

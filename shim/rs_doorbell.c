@@ -122,14 +122,24 @@ int rs_rx_go_idle_locked(rs_conn *c) { return go_idle_locked(c, 0); }
 
 /* A blocking receive found its ring empty (caller holds rx_lock) and may sleep on a word
  * the peer raises with its next record (c->ops->arm_word) instead of on the socket.
- * Returns 1 a record is there after all, 0 armed: sleep on *word while it holds *seen,
- * -1 not here (preamble bytes on the socket, or no such word): go idle on the socket. */
-int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen)
+ * `room`: bytes the receive will take of what comes (0: maybe none, a peek).  Returns 1 a
+ * record is there after all, 0 armed: sleep on *word while it holds *seen, 2 the same,
+ * armed quietly: rs_rx_word_woken_locked once the sleep ends, -1 not here (preamble bytes
+ * on the socket, or no such word): go idle on the socket. */
+int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room)
 {
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     if (c->rx.pre.active) return -1;
     see_async_flag(c);
-    return c->ops->arm_word(c, word, seen);
+    return c->ops->arm_word(c, word, seen, room);
+}
+
+/* A receive armed quietly (arm_word returned 2) is out of its sleep, whatever ended it
+ * (caller holds rx_lock).  1: records came that rang no doorbell byte; this receive takes
+ * them before it returns (it has the room it declared). */
+int rs_rx_word_woken_locked(rs_conn *c)
+{
+    return c->ops->word_woken ? c->ops->word_woken(c) : 0;
 }
 
 int rs_rx_go_idle(rs_conn *c)

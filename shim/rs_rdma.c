@@ -574,7 +574,7 @@ static int rdma_go_idle(rs_conn *c)
 }
 
 static void nothing(rs_conn *c) { (void)c; }
-static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v) { (void)c; (void)w; (void)v; return -1; }
+static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v, size_t room) { (void)c; (void)w; (void)v; (void)room; return -1; }
 
 const struct rs_transport rs_transport_rdma = {
     .name = "rdma",

@@ -158,6 +158,21 @@ static void shm_flush(rs_conn *c)
         want = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
         if (!want) return;
     }
+    int wake = 0;
+    if (want & RS_WANT_QUIET) {
+        /* receives asleep on the word that read up to quiet_limit (6.13): the word alone,
+         * if that is all we published; a byte for later records either way */
+        if (__atomic_fetch_and(&k->want_bell, ~(RS_WANT_QUIET | RS_WANT_FUTEX), __ATOMIC_SEQ_CST) & RS_WANT_QUIET) {
+            int fits = c->tx.bytes <= __atomic_load_n(&k->quiet_limit, __ATOMIC_SEQ_CST);
+            __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+            if (fits) {
+                rs_word_raise(&k->data_seq);
+                return;
+            }
+            wake = 1;
+        }
+        want = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
+    }
     if (!(want & (RS_WANT_NEXT | RS_WANT_EVERY))) {
         /* only a sleeper on the shared word: no byte, nothing to count (a bell asked for
          * meanwhile stays for the next record: its consumer looks at the ring after asking) */
@@ -182,7 +197,7 @@ static void shm_flush(rs_conn *c)
      * consumer still wants one, so the next record tries again. */
     else if (!send_counted(c, RS_BELL_DATA, &k->data_bells) && !(want & RS_WANT_EVERY))
         __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
-    if (want & RS_WANT_FUTEX) rs_word_raise(&k->data_seq);
+    if ((want & RS_WANT_FUTEX) || wake) rs_word_raise(&k->data_seq);
 }
 
 /* Consumer: wake a producer blocked on a full ring (credit was just published).  Under
@@ -310,22 +325,63 @@ static int shm_go_idle_event(rs_conn *c)
     return go_idle(c, 1, c->rx.bell_fd >= 0 ? RS_WANT_EVENT : RS_WANT_NEXT, 0);
 }
 
+/* Bit 0 (a byte for the next record) replaced by bits 2 and 4 in one step, so that no
+ * publication finds neither (6.13).  quiet_limit: the least of the payload positions the
+ * receives asleep will read up to. */
+static void quiet_arm(rs_conn *c, size_t room)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    uint64_t limit = c->rx.bytes + room;
+    if (c->rx.quiet_sleepers++) {
+        uint64_t cur = __atomic_load_n(&k->quiet_limit, __ATOMIC_RELAXED);
+        if (cur < limit) limit = cur;
+    }
+    __atomic_store_n(&k->quiet_limit, limit, __ATOMIC_SEQ_CST);
+    uint32_t w = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
+    while (!__atomic_compare_exchange_n(&k->want_bell, &w, (w & ~RS_WANT_NEXT) | RS_WANT_FUTEX | RS_WANT_QUIET,
+                                        0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        ;
+}
+
+/* A receive armed by quiet_arm is out of its sleep (caller holds rx_lock).  The last one
+ * out withdraws the request and asks for a byte again, in one step, because its program may
+ * wait for the descriptor next; 1 if a publication answered the request without a byte:
+ * its records are in the ring, and the receive takes them (they end by quiet_limit). */
+static int shm_word_woken(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    if (!c->rx.quiet_sleepers || --c->rx.quiet_sleepers) return 1;
+    uint32_t w = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
+    while (w & RS_WANT_QUIET)
+        if (__atomic_compare_exchange_n(&k->want_bell, &w, (w & ~(RS_WANT_QUIET | RS_WANT_FUTEX)) | RS_WANT_NEXT,
+                                        0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return 0;
+    return 1;
+}
+
 /* A blocking receive found the ring empty (caller holds rx_lock), and both ends speak
  * FUTEX_WAKE: the producer is asked to raise data_seq with the next record (a futex wake,
  * a fraction of a doorbell byte's send and the receiver's two reads of it).  The same
  * order as go_idle: the request, the word's value, then the re-check, so a record the
- * re-check misses was published after the request and raises the word past *seen. */
-static int shm_arm_word(rs_conn *c, const uint32_t **word, uint32_t *seen)
+ * re-check misses was published after the request and raises the word past *seen.
+ * Where the program may wait for the descriptor in the kernel (not lazy_tidy: the Python
+ * API), bit 0 stays asked for (6.7), unless both ends speak QUIET_WAKE and the receive will
+ * take whatever comes (`room`): then the byte is asked for only if more comes (6.13). */
+static int shm_arm_word(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (!c->word_wake_ok || c->rx.move.state || c->rx.spill_state) return -1;
     c->ops->publish_credit(c, 1);
-    /* Bit 0 is left as it is: where the program may poll the descriptor in the kernel
-     * (not lazy_tidy: the Python API), going idle and tidying keep it asked for (6.7). */
-    __atomic_fetch_or(&k->want_bell, RS_WANT_FUTEX, __ATOMIC_SEQ_CST);
+    int quiet = c->quiet_wake_ok && room && !c->rx.lazy_tidy && !c->rx.bell_every;
+    if (quiet) quiet_arm(c, room);
+    else __atomic_fetch_or(&k->want_bell, RS_WANT_FUTEX, __ATOMIC_SEQ_CST);
     *word = &k->data_seq;
     *seen = __atomic_load_n(&k->data_seq, __ATOMIC_SEQ_CST);
-    return rs_rx_ready_locked(c);
+    if (rs_rx_ready_locked(c)) {
+        if (quiet) shm_word_woken(c);           /* no sleep: the request must not outlive the receive */
+        return 1;
+    }
+    return quiet ? 2 : 0;
 }
 
 /* A non-blocking receive found the ring empty.  Programs that read until EAGAIN (libpq,
@@ -469,6 +525,7 @@ const struct rs_transport rs_transport_shm = {
     .go_idle = shm_go_idle,
     .go_idle_event = shm_go_idle_event,
     .arm_word = shm_arm_word,
+    .word_woken = shm_word_woken,
     .nonblock_empty = shm_nonblock_empty,
     .tidy = shm_tidy,
     .drop_stale = shm_drop_stale,

@@ -19,7 +19,7 @@ rs_conn *rs_conn_new_tcp(int fd)
 
 static void nothing(rs_conn *c) { (void)c; }
 static int none(rs_conn *c) { (void)c; return 0; }
-static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v) { (void)c; (void)w; (void)v; return -1; }
+static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v, size_t room) { (void)c; (void)w; (void)v; (void)room; return -1; }
 static void no_credit(rs_conn *c, int force) { (void)c; (void)force; }
 static void no_bells(rs_conn *c, int on) { (void)c; (void)on; }
 

@@ -60,12 +60,17 @@ struct rs_transport {
                                                          * doorbell; 1 if a record came after all */
     int  (*go_idle_event)(struct rs_conn *c);           /* the same, for a wait that our event bell
                                                          * wakes (rs_bells.c); NULL: go_idle */
-    int  (*arm_word)(struct rs_conn *c, const uint32_t **word, uint32_t *seen);
+    int  (*arm_word)(struct rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room);
                                                         /* ring empty, a blocking receive about to
                                                          * wait: ask the peer to wake a shared word
                                                          * (rs_word_wait) instead of ringing; 1 a
-                                                         * record came after all, 0 armed, -1 the
+                                                         * record came after all, 0 armed, 2 armed
+                                                         * quietly (the receive takes up to `room`
+                                                         * bytes; word_woken when it leaves), -1 the
                                                          * transport or the peer has no such word */
+    int  (*word_woken)(struct rs_conn *c);              /* a receive armed quietly left its sleep:
+                                                         * 1 if records came without a doorbell
+                                                         * byte (take them); NULL: never quiet */
     int  (*nonblock_empty)(struct rs_conn *c);          /* a non-blocking receive found nothing */
     void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
     void (*drop_stale)(struct rs_conn *c);              /* the ring is empty: read off doorbells

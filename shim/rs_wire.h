@@ -40,11 +40,14 @@
 /* rs_dir_ctl.want_bell, bits: a doorbell byte for the next record (1), for every
  * publication (2: the consumer's program takes SIGIO, which the kernel raises for each
  * arrival), a futex wake-up on data_seq for the next record (4: FUTEX_WAKE feature), the
- * consumer's eventfd raised for the next record (8: EVENT_BELL feature) */
+ * consumer's eventfd raised for the next record (8: EVENT_BELL feature), the wake-up of 4
+ * without a byte if the receives asleep take all that is unread (16: QUIET_WAKE, with
+ * quiet_limit) */
 #define RS_WANT_NEXT       1u
 #define RS_WANT_EVERY      2u
 #define RS_WANT_FUTEX      4u
 #define RS_WANT_EVENT      8u
+#define RS_WANT_QUIET      16u
 /* rs_dir_ctl.tx_waiting, bits: a credit doorbell byte (1), a futex wake-up on credit_seq (2) */
 #define RS_WAIT_BELL       1u
 #define RS_WAIT_FUTEX      2u
@@ -105,7 +108,10 @@ struct rs_dir_ctl {
     uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_* bits */
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
     uint32_t credit_seq;    /* futex word: raised with credit for a producer asleep on it */
-    uint8_t  pad0[64 - 36];
+    uint32_t pad_36;
+    uint64_t quiet_limit;   /* with RS_WANT_QUIET: payload position (tx_bytes terms) up to which
+                             * the receives asleep are sure to take what comes */
+    uint8_t  pad0[64 - 48];
     /* written by the producer (sender of this direction) */
     uint64_t tx_bytes;      /* payload bytes published into the ring, as of the last wait for credit */
     uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */

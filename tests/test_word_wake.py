@@ -85,6 +85,85 @@ def test_api_without_the_feature_sleeps_on_the_socket(pair, monkeypatch):
     assert c.stats()["word_sleeps"] == s.stats()["word_sleeps"] == 0
 
 
+def _warm(c, s):
+    """One byte each way: both ends past the handshake, on their rings."""
+    c.sendall(b"w")
+    assert recv_exact(s, 1) == b"w"
+    s.sendall(b"w")
+    assert recv_exact(c, 1) == b"w"
+
+
+def _asleep_in_recv(c, size, got, before):
+    """A thread of c in a blocking recv(size), returned once it sleeps on the word."""
+    t = threading.Thread(target=lambda: got.append(c.recv(size)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while c.stats()["word_sleeps"] == before and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert c.stats()["word_sleeps"] > before, "the receive never slept on the word"
+    return t
+
+
+def test_api_quiet_wake_sends_no_byte(pair, monkeypatch):
+    """QUIET_WAKE (PROTOCOL 6.13): a message that a sleeping recv takes whole wakes it
+    through the word with no doorbell byte; the message sent once recv has returned rings,
+    so that a select in the kernel sees it."""
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_SPIN_US", "0")
+    config.reload()
+    c, s = pair()
+    _warm(c, s)
+    assert c.stats()["quiet_wake"] and s.stats()["quiet_wake"]
+    for i in range(10):
+        got = []
+        t = _asleep_in_recv(c, 64, got, c.stats()["word_sleeps"])
+        bells = s.stats()["doorbells_sent"]
+        s.sendall(b"quiet%03d" % i)
+        t.join(10)
+        assert got == [b"quiet%03d" % i]
+        assert s.stats()["doorbells_sent"] == bells, "a byte for a message the sleeping recv took whole"
+        assert select.select([c], [], [], 0)[0] == [], "the socket is readable with nothing to read"
+        s.sendall(b"loud%03d" % i)
+        assert select.select([c], [], [], 10)[0] == [c], "a message after recv returned did not ring"
+        assert recv_exact(c, 7) == b"loud%03d" % i
+
+
+def test_api_quiet_wake_leaves_more_readable(pair, monkeypatch):
+    """More arrives than the sleeping recv takes: what it leaves makes the socket readable."""
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_SPIN_US", "0")
+    config.reload()
+    c, s = pair()
+    _warm(c, s)
+    for i in range(10):
+        got = []
+        t = _asleep_in_recv(c, 4, got, c.stats()["word_sleeps"])
+        s.sendall(b"%04d" % i + b"x" * 60)
+        t.join(10)
+        assert got == [b"%04d" % i]
+        assert select.select([c], [], [], 10)[0] == [c], "60 bytes left and the socket not readable"
+        assert recv_exact(c, 60) == b"x" * 60
+
+
+def test_api_without_quiet_wake_rings(pair, monkeypatch):
+    """RDMASOCK_QUIET_WAKE=0 (as a peer of an older version): not agreed; a sleeping recv is
+    woken through the word and rung a byte too, and the exchange is the same."""
+    from rdmasock import config
+    monkeypatch.setenv("RDMASOCK_QUIET_WAKE", "0")
+    monkeypatch.setenv("RDMASOCK_SPIN_US", "0")
+    config.reload()
+    c, s = pair()
+    _warm(c, s)
+    assert c.stats()["word_wake"] and not c.stats()["quiet_wake"] and not s.stats()["quiet_wake"]
+    got = []
+    t = _asleep_in_recv(c, 64, got, c.stats()["word_sleeps"])
+    bells = s.stats()["doorbells_sent"]
+    s.sendall(b"rung")
+    t.join(10)
+    assert got == [b"rung"]
+    assert s.stats()["doorbells_sent"] == bells + 1
+
+
 PEER = r"""
 import select, socket, sys, time
 mode, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

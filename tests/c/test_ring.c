@@ -3477,6 +3477,165 @@ static void t_word_spurious(void)
     pair_close(&p);
 }
 
+/* ---- quiet wake-ups (QUIET_WAKE, PROTOCOL 6.13) ----------------------------------------- */
+
+/* A pair as the Python API has it: its program may wait for the descriptor in the kernel
+ * (not lazy_tidy), both ends speak FUTEX_WAKE and QUIET_WAKE. */
+static void pair_open_quiet(struct pair *p)
+{
+    pair_open_words(p);
+    p->srv->rx.lazy_tidy = p->cli->rx.lazy_tidy = 0;
+    p->srv->quiet_wake_ok = p->cli->quiet_wake_ok = 1;
+    send_str(p->srv, "warm");                 /* a new segment asks for one byte: spend it */
+    expect_str(p->cli, "warm");
+}
+
+struct quiet_recv { rs_conn *c; size_t room; int timeout_ms; ssize_t r; uint8_t buf[256]; volatile int done; };
+static void *quiet_recv_run(void *arg)
+{
+    struct quiet_recv *q = arg;
+    q->r = rs_recv(q->c, q->buf, q->room, 0, q->timeout_ms);
+    q->done = 1;
+    return NULL;
+}
+
+/* A client thread in a blocking recv of `room` bytes, asleep on the word. */
+static void quiet_sleeper(struct pair *p, struct quiet_recv *q, pthread_t *th, size_t room, int timeout_ms)
+{
+    uint64_t sleeps = __atomic_load_n(&p->cli->rx.word_sleeps, __ATOMIC_RELAXED);
+    *q = (struct quiet_recv){ .c = p->cli, .room = room, .timeout_ms = timeout_ms, .r = -1 };
+    CHECK(pthread_create(th, NULL, quiet_recv_run, q) == 0, "pthread_create");
+    for (int i = 0; i < 2000 && __atomic_load_n(&p->cli->rx.word_sleeps, __ATOMIC_RELAXED) == sleeps; i++) sleep_ms(1);
+    CHECK(__atomic_load_n(&p->cli->rx.word_sleeps, __ATOMIC_RELAXED) > sleeps, "the receive never slept on the word");
+    CHECK(p->cli->rx.ctl->want_bell & RS_WANT_QUIET, "asleep without asking quietly: want_bell %u", p->cli->rx.ctl->want_bell);
+    CHECK(!(p->cli->rx.ctl->want_bell & RS_WANT_NEXT), "asleep quietly, a byte still asked for");
+}
+
+static ssize_t quiet_result(struct quiet_recv *q, pthread_t th)
+{
+    for (int i = 0; i < 5000 && !q->done; i++) sleep_ms(1);
+    CHECK(q->done, "recv still asleep after 5 s");
+    pthread_join(th, NULL);
+    return q->r;
+}
+
+/* 1 if the client's socket is readable within ms (a doorbell byte is there). */
+static int cli_readable(struct pair *p, int ms)
+{
+    struct pollfd pf = { p->fd[1], POLLIN, 0 };
+    return poll(&pf, 1, ms) == 1 && (pf.revents & POLLIN);
+}
+
+/* A record the sleeping receive takes whole wakes it through the word alone: no byte.
+ * Once the receive returns its program may poll the descriptor, so the next record rings
+ * (PROTOCOL 6.7), and a record while it sleeps again is quiet again. */
+static void t_quiet_wake(void)
+{
+    struct pair p;
+    pair_open_quiet(&p);
+    for (int round = 0; round < 3; round++) {
+        struct quiet_recv q;
+        pthread_t th;
+        quiet_sleeper(&p, &q, &th, 64, -1);
+        uint64_t bells = __atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED);
+        send_str(p.srv, "quiet");
+        CHECK_EQ(quiet_result(&q, th), 5);
+        CHECK(memcmp(q.buf, "quiet", 5) == 0, "wrong bytes");
+        CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells);
+        CHECK(!cli_readable(&p, 0), "a stale byte on the socket");
+        CHECK(p.cli->rx.ctl->want_bell & RS_WANT_NEXT, "out of recv, no byte asked for: want_bell %u",
+              p.cli->rx.ctl->want_bell);
+        CHECK(!(p.cli->rx.ctl->want_bell & RS_WANT_QUIET), "quiet request outlived the receive");
+        send_str(p.srv, "loud");
+        CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells + 1);
+        CHECK(cli_readable(&p, 1000), "a record while out of recv did not make the socket readable");
+        expect_str(p.cli, "loud");
+        CHECK(!cli_readable(&p, 0), "its byte was not read off");
+    }
+    pair_close(&p);
+}
+
+/* More than the sleeping receive takes: the producer rings a byte as well, so that what the
+ * receive leaves in the ring keeps the socket readable. */
+static void t_quiet_wake_more_than_room(void)
+{
+    struct pair p;
+    pair_open_quiet(&p);
+    struct quiet_recv q;
+    pthread_t th;
+    quiet_sleeper(&p, &q, &th, 16, -1);
+    uint64_t bells = __atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED);
+    send_str(p.srv, "0123456789abcdefghijklmnopqrstuvwxyzABCD");
+    CHECK_EQ(quiet_result(&q, th), 16);
+    CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells + 1);
+    CHECK(cli_readable(&p, 0), "24 bytes left in the ring, socket not readable");
+    expect_str(p.cli, "ghijklmnopqrstuvwxyzABCD");
+    CHECK(!cli_readable(&p, 0), "its byte was not read off");
+    pair_close(&p);
+}
+
+/* A timed receive that nothing wakes withdraws its quiet request: the record that comes
+ * after it gave up rings, and the socket tells the program. */
+static void t_quiet_wake_timeout(void)
+{
+    struct pair p;
+    pair_open_quiet(&p);
+    struct quiet_recv q;
+    pthread_t th;
+    quiet_sleeper(&p, &q, &th, 64, 30);
+    CHECK_EQ(quiet_result(&q, th), -EAGAIN);
+    CHECK(!(p.cli->rx.ctl->want_bell & (RS_WANT_QUIET | RS_WANT_FUTEX)), "request outlived the receive: want_bell %u",
+          p.cli->rx.ctl->want_bell);
+    send_str(p.srv, "after");
+    CHECK(cli_readable(&p, 1000), "the record after the timeout did not make the socket readable");
+    expect_str(p.cli, "after");
+    pair_close(&p);
+}
+
+/* Two threads asleep quietly: the record wakes both, one takes it, and the request stays
+ * while the other sleeps on; once both are out, records ring. */
+static void t_quiet_wake_two_sleepers(void)
+{
+    struct pair p;
+    pair_open_quiet(&p);
+    struct quiet_recv a, b;
+    pthread_t ta, tb;
+    quiet_sleeper(&p, &a, &ta, 64, -1);
+    quiet_sleeper(&p, &b, &tb, 8, -1);
+    CHECK_EQ(p.cli->rx.ctl->quiet_limit, p.cli->rx.bytes + 8);
+    uint64_t bells = __atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED);
+    send_str(p.srv, "one");
+    for (int i = 0; i < 5000 && !a.done && !b.done; i++) sleep_ms(1);
+    CHECK(a.done != b.done, "one receive should have the record");
+    send_str(p.srv, "two");
+    CHECK_EQ(quiet_result(&a, ta), 3);
+    CHECK_EQ(quiet_result(&b, tb), 3);
+    CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells);
+    CHECK(p.cli->rx.ctl->want_bell & RS_WANT_NEXT, "both out, no byte asked for");
+    CHECK_EQ(p.cli->rx.quiet_sleepers, 0);
+    pair_close(&p);
+}
+
+/* One end without QUIET_WAKE (an older peer): its receives keep asking for bytes. */
+static void t_quiet_wake_one_sided(void)
+{
+    struct pair p;
+    pair_open_quiet(&p);
+    p.cli->quiet_wake_ok = 0;
+    struct word_blocked b;
+    pthread_t th;
+    b = (struct word_blocked){ p.cli, -1, 0, 0 };
+    uint64_t sleeps = p.cli->rx.word_sleeps;
+    CHECK(pthread_create(&th, NULL, word_blocked_run, &b) == 0, "pthread_create");
+    for (int i = 0; i < 2000 && p.cli->rx.word_sleeps == sleeps; i++) sleep_ms(1);
+    CHECK(!(p.cli->rx.ctl->want_bell & RS_WANT_QUIET), "asked quietly without the feature");
+    uint64_t bells = __atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED);
+    send_str(p.srv, "old");
+    CHECK_EQ(blocked_result(&b, th, "the record came"), 3);
+    CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells + 1);
+    pair_close(&p);
+}
+
 /* ---- spinning on a busy machine ------------------------------------------------------ */
 
 static volatile int hog_stop;
@@ -3733,6 +3892,11 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "word_peer_death", t_word_peer_death },
     { "word_shutdown_rd", t_word_shutdown_rd },
     { "word_spurious", t_word_spurious },
+    { "quiet_wake", t_quiet_wake },
+    { "quiet_wake_more_than_room", t_quiet_wake_more_than_room },
+    { "quiet_wake_timeout", t_quiet_wake_timeout },
+    { "quiet_wake_two_sleepers", t_quiet_wake_two_sleepers },
+    { "quiet_wake_one_sided", t_quiet_wake_one_sided },
     { "spin_when_busy", t_spin_when_busy },
     { "window_small", t_window_small },
     { "window_grows", t_window_grows },
