@@ -3592,8 +3592,8 @@ static void t_quiet_wake_timeout(void)
     pair_close(&p);
 }
 
-/* Two threads asleep quietly: the record wakes both, one takes it, and the request stays
- * while the other sleeps on; once both are out, records ring. */
+/* Two threads asleep quietly: the record wakes both, one takes it, the other sleeps
+ * again; the request stays while either sleeps, and once both are out, records ring. */
 static void t_quiet_wake_two_sleepers(void)
 {
     struct pair p;
@@ -3607,6 +3607,11 @@ static void t_quiet_wake_two_sleepers(void)
     send_str(p.srv, "one");
     for (int i = 0; i < 5000 && !a.done && !b.done; i++) sleep_ms(1);
     CHECK(a.done != b.done, "one receive should have the record");
+    CHECK_EQ(__atomic_load_n(&p.srv->bells_sent, __ATOMIC_RELAXED), bells);
+    /* the other one went round and is asleep quietly again (in between it asks for a byte) */
+    for (int i = 0; i < 2000 && !(__atomic_load_n(&p.cli->rx.ctl->want_bell, __ATOMIC_SEQ_CST) & RS_WANT_QUIET); i++)
+        sleep_ms(1);
+    CHECK(p.cli->rx.ctl->want_bell & RS_WANT_QUIET, "the other receive did not sleep again");
     send_str(p.srv, "two");
     CHECK_EQ(quiet_result(&a, ta), 3);
     CHECK_EQ(quiet_result(&b, tb), 3);
