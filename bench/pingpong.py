@@ -14,8 +14,9 @@ PINGPONG_COLUMNS = ["name", "placement", "median", "min", "max", "rtt_us", "cpu_
 VM_PLACEHOLDER = "rdmasock rdma, inline on / off (Soft-RoCE VM)"
 
 
-def py_pair(impl, cpus, n, workdir, seq):
-    """One run of bench/worker.py ping-pong (64 B); returns (round trips/s, transport)."""
+def py_pair(impl, cpus, n, workdir, seq, test="pingpong", size=64):
+    """One run of bench/worker.py: n round trips (pingpong) or writes (stream) of size bytes;
+    returns (round trips or writes per second, transport)."""
     portfile = os.path.join(workdir, "port-%d" % seq)
     env = S.base_env()
     srv = subprocess.Popen(S.pin(cpus[0]) + [S.VENV_PY, WORKER, "server", impl, portfile],
@@ -27,7 +28,7 @@ def py_pair(impl, cpus, n, workdir, seq):
             raise RuntimeError("python worker server did not start %s" % _err(srv))
         with open(portfile) as f:
             port = f.read().strip()
-        res = S.run(S.pin(cpus[1]) + [S.VENV_PY, WORKER, "client", impl, port, "pingpong", "64", str(n)],
+        res = S.run(S.pin(cpus[1]) + [S.VENV_PY, WORKER, "client", impl, port, test, str(size), str(n)],
                     timeout=RUN_TIMEOUT, env=env)
         d = json.loads(res.stdout.decode().strip().splitlines()[-1])
         return d["ops_per_s"], d["transport"]
