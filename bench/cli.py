@@ -42,6 +42,8 @@ def parser():
     ap.add_argument("--replay-tx", type=int, default=2000,
                     help="replay: pgbench transactions to capture and replay per psql run (default 2000; quick 200)")
     ap.add_argument("--scale-conns", default="1,4,16,64,256", help="scale: concurrent connections N")
+    ap.add_argument("--scale-pg-conns", default=None,
+                    help="scale: N for pgbench only (default: --scale-conns); each is a PostgreSQL backend")
     ap.add_argument("--scale-tools", default="pgbench,redis", help="scale: pgbench and/or redis")
     ap.add_argument("--scale-pg-script", choices=("select", "tpcb"), default="select",
                     help="scale: pgbench -S (default) or TPC-B; at scale 1 TPC-B's N clients all update the one "

@@ -36,6 +36,7 @@ class MemorySampler:
 def bench_scale(args, ctx):
     """pgbench and redis-benchmark GET with N concurrent connections: throughput and memory."""
     conns_list = sorted(int(c) for c in args.scale_conns.split(","))
+    pg_conns = sorted(int(c) for c in (args.scale_pg_conns or args.scale_conns).split(","))
     duration = max(3, round(args.duration or (3 if args.quick else 6)))   # pgbench -T includes connecting
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
@@ -65,10 +66,10 @@ def bench_scale(args, ctx):
     with contextlib.ExitStack() as stack:
         if "pgbench" in tools:
             servers["pgbench"] = stack.enter_context(server_pair(
-                S.PgServer, impls, log_file, cpu=cpus[0], settings={"max_connections": str(max(conns_list) + 20)}))
+                S.PgServer, impls, log_file, cpu=cpus[0], settings={"max_connections": str(max(pg_conns) + 20)}))
             for impl, srv in servers["pgbench"].items():
                 pg_init(srv, "scale", 1, impl == "rdmasock", log_file)
-            for n in conns_list:
+            for n in pg_conns:
                 for impl in impls:
                     def fn(sampler, n=n, impl=impl):
                         return pgbench_run(servers["pgbench"][impl], "scale", pg_opts + [
@@ -88,7 +89,7 @@ def bench_scale(args, ctx):
                     add("redis", impl, n, fn)
         for impl in impls:                       # warm-up (not recorded), and redis' request-count estimate
             if "pgbench" in tools:
-                pgbench_run(servers["pgbench"][impl], "scale", pg_opts + ["-c", str(max(conns_list)), "-j", "2",
+                pgbench_run(servers["pgbench"][impl], "scale", pg_opts + ["-c", str(max(pg_conns)), "-j", "2",
                                                                           "-T", str(duration)], impl, cpus[1], log_file)
             if "redis" in tools:
                 for n in conns_list:
@@ -109,7 +110,7 @@ def bench_scale(args, ctx):
                 "%d; redis-benchmark -t get, requests sized for ~%d s" % (
                     "servers and clients not pinned" if cpus[0] is None else
                     "server on CPU %d, client on CPU %d" % cpus, pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
-                    max(conns_list) + 20, duration),
+                    max(pg_conns) + 20, duration),
                 "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
                 "sampled once during each run after all N connections were established (median over the "
                 "repetitions; kernel socket buffers are not included); KiB/conn = (PSS(N) - PSS(1)) / (N - 1)"],
