@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -115,8 +116,16 @@ def rewrite(args):
     return 0
 
 
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM unwinds the run as Ctrl-C does: the with blocks on the way out stop its servers
+    and remove its work directory.  A second one does not cut that clean-up short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     args = parse_args(argv)
     if args.from_json:
         return rewrite(args)

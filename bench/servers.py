@@ -358,6 +358,9 @@ class _Server:
                     continue
                 self.stop()
                 raise
+            except BaseException:
+                self.stop()             # interrupted while it starts (SIGTERM, Ctrl-C): not left running
+                raise
         return self
 
     def _wait_ready(self, pred, timeout=30):
