@@ -135,13 +135,26 @@ int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id)
 void rs_bells_release(rs_conn *c)
 {
     if (c->rx.bell_fd < 0 && c->tx.bell_fd < 0) return;
+    rs_bells_drop_own(c);
+    if (c->tx.bell_fd >= 0) {
+        syscall(SYS_close, c->tx.bell_fd);
+        __atomic_sub_fetch(&bells_held, 1, __ATOMIC_RELAXED);
+    }
+    c->tx.bell_fd = -1;
+}
+
+/* Our own bell closed (its registrations, if any, gone first): a receiver whose program
+ * waits for the socket in the kernel (the Python API) never adds it to an epoll instance
+ * nor asks for it, so it would only hold a descriptor.  The peer's bell stays: we raise it. */
+void rs_bells_drop_own(rs_conn *c)
+{
+    if (c->rx.bell_fd < 0) return;
     for (int i = 0; i < c->rx.bell_nsets; i++)
         syscall(SYS_epoll_ctl, c->rx.bell_sets[i].epfd, EPOLL_CTL_DEL, c->rx.bell_fd, NULL);
     c->rx.bell_nsets = 0;
-    if (c->rx.bell_fd >= 0) syscall(SYS_close, c->rx.bell_fd);
-    if (c->tx.bell_fd >= 0) syscall(SYS_close, c->tx.bell_fd);
-    c->rx.bell_fd = c->tx.bell_fd = -1;
-    __atomic_sub_fetch(&bells_held, 2, __ATOMIC_RELAXED);
+    syscall(SYS_close, c->rx.bell_fd);
+    c->rx.bell_fd = -1;
+    __atomic_sub_fetch(&bells_held, 1, __ATOMIC_RELAXED);
 }
 
 /* In a fork's child, a connection it inherited gives up its bells: the child's copy would

@@ -322,6 +322,7 @@ int      rs_conn_set_bells(rs_conn *c, int own, int peer);
 int      rs_bell_raise(rs_conn *c);
 int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id);
 void     rs_bells_release(rs_conn *c);
+void     rs_bells_drop_own(rs_conn *c);
 void     rs_bells_after_fork_child(rs_conn *c);
 
 /* How long a close waits for doorbell bytes still in flight to it (rs_quiesce_bells). */

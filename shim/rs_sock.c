@@ -276,6 +276,8 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
         c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
         c->rx.flags_unseen = 0;                 /* the fcntl hook tells us (rs_sock_flags_seen) */
         if (fl >= 0 && (fl & O_ASYNC)) rs_rx_bell_every(c, 1);
+    } else {
+        rs_bells_drop_own(c);                   /* no hook of ours adds it to an epoll instance */
     }
     s->forked = 0;                              /* made in this process: nobody else has the ring */
     rs_hold_list(c);                            /* its hold may be filled by any waiting writer */

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import free_port, stop_process
+from conftest import free_port, recv_exact, stop_process
 
 ROUNDS = 3000
 
@@ -209,3 +209,30 @@ def test_peer_killed_while_the_server_waits_on_its_bell(tmp_path, server_mode):
     finally:
         stop_process(srv)
     assert open(tmp_path / "log").read().count("transport=shm") == 2
+
+
+def _eventfds():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink("/proc/self/fd/" + fd) == "anon_inode:[eventfd]"
+        except OSError:
+            pass
+    return n
+
+
+def test_api_keeps_only_the_peers_bell(pair):
+    """A Python API connection never waits on its own event bell (its program waits for the
+    socket in the kernel), so it keeps only the peer's, which it raises: one eventfd per
+    end here (both ends in this process), none once both are closed."""
+    before = _eventfds()
+    c, s = pair()
+    c.sendall(b"x")
+    assert recv_exact(s, 1) == b"x"
+    s.sendall(b"y")
+    assert recv_exact(c, 1) == b"y"
+    assert c.transport == s.transport == "shm"
+    assert _eventfds() - before == 2
+    c.close()
+    s.close()
+    assert _eventfds() == before
