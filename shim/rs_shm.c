@@ -325,8 +325,8 @@ static int shm_go_idle_event(rs_conn *c)
     return go_idle(c, 1, c->rx.bell_fd >= 0 ? RS_WANT_EVENT : RS_WANT_NEXT, 0);
 }
 
-/* Bit 0 (a byte for the next record) replaced by bits 2 and 4 in one step, so that no
- * publication finds neither (6.13).  quiet_limit: the least of the payload positions the
+/* Bit 0 (a byte for the next record) replaced by bits 2 and 4, never a moment with neither
+ * (6.13).  quiet_limit: the least of the payload positions the
  * receives asleep will read up to. */
 static void quiet_arm(rs_conn *c, size_t room)
 {
@@ -337,26 +337,23 @@ static void quiet_arm(rs_conn *c, size_t room)
         if (cur < limit) limit = cur;
     }
     __atomic_store_n(&k->quiet_limit, limit, __ATOMIC_SEQ_CST);
-    uint32_t w = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
-    while (!__atomic_compare_exchange_n(&k->want_bell, &w, (w & ~RS_WANT_NEXT) | RS_WANT_FUTEX | RS_WANT_QUIET,
-                                        0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-        ;
+    /* the request first, then bit 0 away: a producer that finds both answers quietly and
+     * ORs bit 0 back, which this receive, not yet asleep, clears or outlives (its re-check) */
+    __atomic_fetch_or(&k->want_bell, RS_WANT_FUTEX | RS_WANT_QUIET, __ATOMIC_SEQ_CST);
+    __atomic_fetch_and(&k->want_bell, ~RS_WANT_NEXT, __ATOMIC_SEQ_CST);
 }
 
 /* A receive armed by quiet_arm is out of its sleep (caller holds rx_lock).  The last one
- * out withdraws the request and asks for a byte again, in one step, because its program may
+ * out withdraws the request and asks for a byte again, because its program may
  * wait for the descriptor next; 1 if a publication answered the request without a byte:
  * its records are in the ring, and the receive takes them (they end by quiet_limit). */
 static int shm_word_woken(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->rx.ctl;
     if (!c->rx.quiet_sleepers || --c->rx.quiet_sleepers) return 1;
-    uint32_t w = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
-    while (w & RS_WANT_QUIET)
-        if (__atomic_compare_exchange_n(&k->want_bell, &w, (w & ~(RS_WANT_QUIET | RS_WANT_FUTEX)) | RS_WANT_NEXT,
-                                        0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-            return 0;
-    return 1;
+    /* bit 0 first, then the request away (two atomics, no loop on a word the peer writes) */
+    __atomic_fetch_or(&k->want_bell, RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    return !(__atomic_fetch_and(&k->want_bell, ~(RS_WANT_QUIET | RS_WANT_FUTEX), __ATOMIC_SEQ_CST) & RS_WANT_QUIET);
 }
 
 /* A blocking receive found the ring empty (caller holds rx_lock), and both ends speak
