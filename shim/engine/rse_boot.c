@@ -17,12 +17,26 @@ static int rse_fork_held;
 static int rse_own;                  /* we started the interpreter: no Python of the host's runs */
 static int rse_child_due;            /* this is a fork's child, and Python's after-fork work waits */
 static pthread_t rse_child_thread;   /* ... for the thread that forked, which holds the GIL */
+static PyObject *rse_gc_freeze, *rse_gc_unfreeze;   /* gc.freeze, gc.unfreeze where rse_own */
+
+/* Where the interpreter is ours, its objects are frozen across a fork (gc.freeze): the
+ * child's collector never walks them, so a collection in a forked child (a PostgreSQL
+ * backend's handshake) writes no header of an object it shares with its parent.  The
+ * parent thaws them at once, so its own garbage is still collected. */
+static void rse_gc_call(PyObject *fn)
+{
+    if (!fn) return;
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r) Py_DECREF(r);
+    else PyErr_Clear();
+}
 
 /* A C-level fork() in a host whose interpreter we started (os.fork handles itself). */
 static void rse_fork_prepare(void)
 {
     if (!Py_IsInitialized() || PyGILState_Check()) return;
     rse_fork_gil = PyGILState_Ensure();
+    if (rse_own) rse_gc_call(rse_gc_freeze);
     PyOS_BeforeFork();
     rse_fork_held = 1;
 }
@@ -31,6 +45,7 @@ static void rse_fork_parent(void)
     if (!rse_fork_held) return;
     rse_fork_held = 0;
     PyOS_AfterFork_Parent();
+    if (rse_own) rse_gc_call(rse_gc_unfreeze);
     PyGILState_Release(rse_fork_gil);
 }
 /* Python's after-fork work (its own state, then the modules' callbacks: threading's and
@@ -165,6 +180,17 @@ __attribute__((visibility("default"))) int rse_boot(const char *exe, const char 
 
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = enter_world(exe, root, own, why, whylen);
+    if (rc == 0 && own) {
+        PyObject *gc = PyImport_ImportModule("gc");
+        rse_gc_freeze = gc ? PyObject_GetAttrString(gc, "freeze") : NULL;
+        rse_gc_unfreeze = gc ? PyObject_GetAttrString(gc, "unfreeze") : NULL;
+        Py_XDECREF(gc);
+        if (!rse_gc_freeze || !rse_gc_unfreeze) {
+            Py_CLEAR(rse_gc_freeze);
+            Py_CLEAR(rse_gc_unfreeze);
+            PyErr_Clear();
+        }
+    }
     PyObject *io = rc == 0 ? PyImport_ImportModule("io") : NULL;
     PyObject *capture = io ? PyObject_CallMethod(io, "StringIO", NULL) : NULL;
     Py_XDECREF(io);
