@@ -285,6 +285,15 @@ def do_prog_curl_link_down():
     return run([[PY, "programs.py", "curl", "--mb", "60", "--link-down-at", "15"]], 400)
 
 
+def save(res, path):
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", help="write the JSON summary here")
@@ -309,12 +318,10 @@ def main():
         res["cases"][name] = {"ok": ok, "seconds": round(dt, 1), "output": out[-6000:], "observed": observed}
         print(out.rstrip(), flush=True)
         print("[run_inner] %-14s %s in %.1f s" % (name, "PASS" if ok else "FAIL", dt), flush=True)
+        res["seconds"] = round(time.monotonic() - t_all, 1)
+        save(res, a.results)          # after each case: a run cut short keeps what finished
     res["seconds"] = round(time.monotonic() - t_all, 1)
-    if a.results:
-        os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
-        with open(a.results + ".tmp", "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(a.results + ".tmp", a.results)
+    save(res, a.results)
     failed = [n for n, r in res["cases"].items() if r["ok"] is False]
     print("[run_inner] %d cases, %d failed%s, %.1f s" % (len(names), len(failed),
           (": " + ", ".join(failed)) if failed else "", res["seconds"]), flush=True)
