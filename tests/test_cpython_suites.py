@@ -22,9 +22,13 @@ SYS_PY = "/usr/bin/python3"
 RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
 SUITE_TIMEOUT = 300           # a whole suite: the longest takes about 30 s
 
-# suite -> (extra regrtest arguments, client connections upgraded at least)
+# suite -> (extra regrtest arguments, client connections upgraded at least).  Most of
+# test_socket's client threads close their socket as soon as their half of a test returns,
+# often before the server half first touches the accepted socket; the server's answer then
+# finds the client gone (fd_pass_failed) and that connection ends on TCP.  How many do
+# depends on how the two threads are scheduled: 27 on an idle 2-CPU host, 39-45 under load.
 SUITES = {
-    "test_socket": ([], 40),
+    "test_socket": ([], 20),
     "test_selectors": ([], 0),
     "test_socketserver": (["-u", "network"], 5),       # needs the resource for loopback servers
     "test_httplib": ([], 20),
