@@ -34,7 +34,7 @@ TRANSPORTS = {lib.RS_TRANSPORT_TCP: "tcp", lib.RS_TRANSPORT_SHM: "shm", lib.RS_T
 
 # Reasons for a connection that was upgraded and later went on over TCP (rs_fallback.c):
 # its log shows a transport=tcp line after the transport=shm/rdma one.
-MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "splice", "tx_timestamps", "peer_moved")
+MID_STREAM = ("rdma_failed", "ring_stalled", "urgent_data", "splice", "tx_timestamps", "peer_moved", "exec")
 
 
 def name(code):

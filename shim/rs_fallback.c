@@ -73,6 +73,12 @@ static int wait_sock(rs_conn *c, short events, uint64_t deadline)
 
 /* ---- transmit ---------------------------------------------------------------------- */
 
+static void shut_wr(rs_conn *c)
+{
+    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_WR);
+    rs_fd_leave(c);
+}
+
 static void put_frame(rs_conn *c, uint64_t resume)
 {
     uint8_t *f = c->tx.move.out;
@@ -87,12 +93,16 @@ static void put_frame(rs_conn *c, uint64_t resume)
 
 /* Reliable transport (caller holds tx_lock): every byte so far is in the peer's ring, in
  * order, ending with the MOVED record, so the frame resumes right after the last of them.
- * After a FIN or RESET record the direction is over: nothing moves. */
+ * After a FIN or RESET record the direction is over: nothing moves, and the kernel socket
+ * is half-closed too, so that a reader of the socket alone (a program the peer exec'd)
+ * sees the end of the stream there. */
 static void tx_start_at_moved(rs_conn *c)
 {
     if (!c->tx.fin_sent) {
         rs_tx_put_moved(c);
         put_frame(c, c->tx.bytes);
+    } else {
+        shut_wr(c);
     }
     c->tx.move.resend_pos = c->tx.move.resend_end = 0;
     c->tx.move.state = c->tx.fin_sent ? TX_PLAIN : TX_RESEND;
@@ -117,12 +127,6 @@ static void tx_start(rs_conn *c)
     c->tx.move.resend_off = 0;
     if (c->tx.fin_sent) c->tx.move.shut_pending = 1;
     c->tx.move.state = TX_RESEND;
-}
-
-static void shut_wr(rs_conn *c)
-{
-    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_WR);
-    rs_fd_leave(c);
 }
 
 static int tx_broken(rs_conn *c, long n)

@@ -597,6 +597,54 @@ int rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *pla
     return 0;
 }
 
+/* After the peer's FIN record no MOVED record follows (its direction is over; it closes
+ * its kernel side once it follows, rs_fallback.c): what the socket still holds before
+ * the end of the stream are doorbell bytes, which the new program must not read.  1 when
+ * the socket is at its end, 0 not yet, -EBADE if a byte is not a doorbell. */
+static int drain_to_end(rs_conn *c)
+{
+    uint8_t buf[256];
+    for (int rounds = 0; rounds < 64; rounds++) {
+        long n = rs_c_recv(c, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0) return 1;
+        if (n < 0) return n == -EAGAIN ? 0 : 1;
+        int next;
+        long k = rs_bell_scan(buf, n, &next, NULL);
+        if (k > 0) rs_c_recv(c, buf, (size_t)k, MSG_DONTWAIT);
+        if (next >= 0) return -EBADE;
+        if (k < n) return 0;
+    }
+    return 0;
+}
+
+/* Before exec: the new program reads and writes the kernel socket and knows nothing of
+ * the ring, so a connection it inherits must be plain TCP by then.  Both directions move
+ * (docs/PROTOCOL.md 6.8): ours at once, the peer's when its reader meets our MOVED record
+ * (peer_moved).  This waits, bounded, until the stream reads straight from the socket, so
+ * that the new program's first read is data (or the end), not doorbells or the peer's
+ * RESYNC frame.  No engine call: the caller may be a vfork child.  0: plain TCP now (or
+ * never upgraded); -EAGAIN: the peer did not follow in time; -EBADE: bytes had arrived
+ * that the old program never read, which the new one cannot be handed. */
+int rs_sock_before_exec(struct rs_sock *s, int timeout_ms)
+{
+    if (rs_sock_state(s) != RS_RING) return 0;
+    rs_conn *c = s->conn;
+    uint64_t deadline = rs_deadline(timeout_ms);
+    int r = rs_fb_move_tx(c, RS_REASON_EXEC, timeout_ms);
+    if (r < 0) return r;
+    for (;;) {
+        if (rs_pre_settle(c) && rs_rx_reach_tcp(c)) break;
+        if (rs_rx_available(c) > 0) return -EBADE;
+        if (RS_GET(c->rx.fin_seen) && !rs_rx_on_tcp(c)) {
+            int end = drain_to_end(c);
+            if (end) return end < 0 ? end : 0;
+        }
+        if (rs_passed(deadline)) return -EAGAIN;
+        rs_sleep_fd(s->fd, POLLIN, rs_earlier(deadline, rs_deadline(10)));
+    }
+    return 0;
+}
+
 /* SIOCATMARK: urgent data comes only over TCP, behind everything the ring carried, so the
  * mark can be reached only once the stream reads from the socket; until then the answer
  * is "not at the mark", from then on the kernel's (*plain). */

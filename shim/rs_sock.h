@@ -118,6 +118,7 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
 ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, int timeout_ms, int *plain);
 ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int flags, int timeout_ms, int *plain);
+int     rs_sock_before_exec(struct rs_sock *s, int timeout_ms);   /* the stream to plain TCP, both ways */
 void    rs_sock_note_fallback(struct rs_sock *s);   /* after the ring went on over TCP: stat + log */
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
 int     rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *plain);

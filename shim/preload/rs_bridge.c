@@ -39,9 +39,9 @@ static int eng_state;            /* 0 not tried, 1 ready, -1 unusable */
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rs_pyworld world;  /* large: not on a hooked call's stack */
 
-/* Without an engine nothing can be logged through it: one line, straight to the log
- * file the user asked for (never stdout/stderr). */
-static void log_unusable(const char *why)
+/* A line straight to the log file the user asked for (never stdout/stderr), where the
+ * engine cannot write it: it is unusable, or the caller may not enter it (a vfork child). */
+void rs_log_direct(const char *text)
 {
     const char *path = rs_config_get(RS_CFG_LOG_FILE);
     if (!*path) return;
@@ -51,11 +51,18 @@ static void log_unusable(const char *why)
     time_t t = time(NULL);
     struct tm tm;
     gmtime_r(&t, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d pid=%d engine=unavailable transport=tcp reason=%s\n",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), why);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d pid=%d %s\n",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), text);
     if (n >= (int)sizeof line) { line[sizeof line - 2] = '\n'; n = (int)sizeof line - 1; }
     if (n > 0) { ssize_t w = rs_real.write(fd, line, (size_t)n); (void)w; }
     rs_real.close(fd);
+}
+
+static void log_unusable(const char *why)
+{
+    char text[3072];
+    snprintf(text, sizeof text, "engine=unavailable transport=tcp reason=%s", why);
+    rs_log_direct(text);
 }
 
 static int env_true(int key)

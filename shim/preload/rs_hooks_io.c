@@ -20,6 +20,7 @@ static __thread uint8_t bounce[RS_BOUNCE];
 static inline struct rs_sock *tracked(int fd)
 {
     if (rs_in_engine) return NULL;
+    rs_adopt_if_due(fd);
     struct rs_sock *s = rs_sock_of(fd);
     if (__builtin_expect(!s, 1)) return NULL;
     int st = rs_sock_state(s);

@@ -98,6 +98,15 @@ static int after_accept(int lfd, int fd)
     rs_sock_put(ls);
     if (!listening) return fd;
     int e = errno;
+    rs_adopt_accepted(lfd, fd);
+    errno = e;
+    return fd;
+}
+
+/* fd was accepted by a listener of ours (lfd; -1: by the program this one was exec'd
+ * from, rs_hooks_exec.c): a HELLO may follow. */
+void rs_adopt_accepted(int lfd, int fd)
+{
     rs_ep_fd_fresh(fd);
     rs_untrack(fd);                                  /* a reused number: forget it */
     int handle = rs_br_accept(lfd, fd);
@@ -108,8 +117,6 @@ static int after_accept(int lfd, int fd)
     } else if (handle < 0) {
         track_plain(fd, RS_ROLE_SERVER, -handle);
     }
-    errno = e;
-    return fd;
 }
 
 RS_EXPORT int accept(int lfd, struct sockaddr *sa, socklen_t *len)

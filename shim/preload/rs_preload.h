@@ -5,7 +5,8 @@
  * Layering: rs_real.c (the real libc functions), rs_socks.c (descriptor -> socket object,
  * shared by dup), rs_bridge.c (engine loading, re-entrancy guard, the host operations the
  * socket object calls), rs_hooks_sock.c (socket set-up calls), rs_hooks_io.c (data calls),
- * rs_hooks_wait.c (poll/select/epoll).  Each hook looks the socket up, takes a
+ * rs_hooks_wait.c (poll/select/epoll), rs_hooks_exec.c (exec: sockets the new program
+ * inherits).  Each hook looks the socket up, takes a
  * reference, calls shim/rs_sock.c, and lets go.
  */
 #ifndef RS_PRELOAD_H
@@ -26,6 +27,17 @@
 #include "../rs_sock.h"
 
 #define RS_EXPORT __attribute__((visibility("default")))
+
+/* ---- rs_hooks_sock.c ------------------------------------------------------------ */
+void rs_adopt_accepted(int lfd, int fd);    /* an accepted socket: a HELLO may follow */
+
+/* ---- rs_hooks_exec.c ------------------------------------------------------------ */
+extern int rs_adopt_due;                    /* sockets accepted before our exec wait for first use */
+void rs_adopt_inherited(int fd);            /* adopts fd's socket if it is one of them */
+static inline void rs_adopt_if_due(int fd)
+{
+    if (__builtin_expect(__atomic_load_n(&rs_adopt_due, __ATOMIC_ACQUIRE), 0)) rs_adopt_inherited(fd);
+}
 
 /* ---- rs_real.c ---------------------------------------------------------------- */
 struct rs_real {
@@ -67,6 +79,12 @@ struct rs_real {
     int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
     int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
     int (*epoll_ctl)(int, int, int, struct epoll_event *);
+    int (*execve)(const char *, char *const[], char *const[]);
+    int (*execveat)(int, const char *, char *const[], char *const[], int);
+    int (*fexecve)(int, char *const[], char *const[]);
+    int (*execv)(const char *, char *const[]);
+    int (*execvp)(const char *, char *const[]);
+    int (*execvpe)(const char *, char *const[], char *const[]);
 };
 extern struct rs_real rs_real;
 void rs_real_init(void);
@@ -85,6 +103,7 @@ struct rs_sock *rs_track(int fd, int state);    /* a new socket at fd, with a ca
 void rs_untrack(int fd);                    /* fd is closed (or replaced) */
 void rs_share(int oldfd, int newfd);        /* newfd refers to oldfd's socket now */
 void rs_socks_after_fork_child(void);
+void rs_socks_each(void (*fn)(int fd, struct rs_sock *s, void *arg), void *arg);
 
 /* ---- rs_pyworld.c ---------------------------------------------------------------- */
 #include <limits.h>
@@ -109,6 +128,7 @@ void rs_br_hello(int handle);
 int  rs_br_accept(int lfd, int fd);
 void rs_br_drop(int handle);
 void rs_br_plain(int fd, int reason);
+void rs_log_direct(const char *text);     /* "TIME pid=N text" to RDMASOCK_LOG_FILE, from C */
 
 /* ---- rs_ready.c ------------------------------------------------------------------ */
 struct rs_sock *rs_ring_sock(int fd);      /* upgraded, ring answers readiness: referenced */

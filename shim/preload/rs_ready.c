@@ -31,6 +31,7 @@ struct rs_spin *rs_wait_spin(void)
 struct rs_sock *rs_ring_sock(int fd)
 {
     if (rs_in_engine) return NULL;
+    rs_adopt_if_due(fd);
     struct rs_sock *s = rs_sock_of(fd);
     if (!s) return NULL;
     /* During a server's preamble too: writability is the ring's, and the client's frames
@@ -44,6 +45,7 @@ struct rs_sock *rs_ring_sock(int fd)
 struct rs_sock *rs_handshake_sock(int fd)
 {
     if (rs_in_engine) return NULL;
+    rs_adopt_if_due(fd);
     struct rs_sock *s = rs_sock_of(fd);
     if (!s) return NULL;
     if (rs_sock_in_handshake(s)) return s;

@@ -68,6 +68,20 @@ void rs_share(int oldfd, int newfd)
     rs_sock_put(s);
 }
 
+struct each_arg { void (*fn)(int, struct rs_sock *, void *); void *arg; };
+static void each_one(int fd, void *p, void *arg)
+{
+    struct each_arg *a = arg;
+    a->fn(fd, p, a->arg);
+}
+
+/* Every tracked descriptor with its socket (no call reference taken). */
+void rs_socks_each(void (*fn)(int fd, struct rs_sock *s, void *arg), void *arg)
+{
+    struct each_arg a = { fn, arg };
+    rs_fdmap_each(&socks, each_one, &a);
+}
+
 void rs_socks_after_fork_child(void)
 {
     rs_fdmap_after_fork(&socks);

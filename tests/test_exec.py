@@ -1,0 +1,122 @@
+"""exec with an accepted or upgraded socket open across it (shim/preload/rs_hooks_exec.c):
+the new program sees the byte stream TCP would have carried.  Accepted and not yet
+answered: the new program answers the HELLO and the connection is upgraded there.
+Upgraded: the connection moves to TCP first (reason exec), the peer follows."""
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rdmasock import rendezvous
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = [sys.executable, "-m", "rdmasock", "run", "--"]
+SYS_PY = "/usr/bin/python3"
+
+
+def _env(log):
+    return dict(os.environ, RDMASOCK_LOG_FILE=str(log))
+
+
+def _server(mode, log):
+    p = subprocess.Popen(RUN + [SYS_PY, os.path.join(HERE, "exec_server.py"), mode], env=_env(log),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    port = int(p.stdout.readline())
+    return p, port
+
+
+def _client(port, payload, log, half_close=True):
+    """Sends payload (then half-closes, if asked), reads to the end of the stream."""
+    code = ("import socket, sys\n"
+            "s = socket.create_connection(('127.0.0.1', %d))\n"
+            "data = sys.stdin.buffer.read()\n"
+            "s.sendall(data)\n"
+            "if %r: s.shutdown(socket.SHUT_WR)\n"
+            "out = b''\n"
+            "while True:\n"
+            "    b = s.recv(65536)\n"
+            "    if not b: break\n"
+            "    out += b\n"
+            "sys.stdout.buffer.write(out)\n" % (port, half_close))
+    return subprocess.run(RUN + [SYS_PY, "-c", code], input=payload, env=_env(log), capture_output=True, timeout=60)
+
+
+def _lines(log):
+    return open(log).read().splitlines() if os.path.exists(log) else []
+
+
+def test_inetd_style_exec_upgrades_in_the_new_program(tmp_path):
+    """accept, then exec at once with the socket as stdin/stdout: the new program answers
+    the client's HELLO itself, the connection is shm there, and 4 MiB echo back intact."""
+    log = tmp_path / "log"
+    srv, port = _server("inetd", log)
+    payload = os.urandom(4 << 20)
+    r = _client(port, payload, log)
+    assert srv.wait(timeout=30) == 0 and srv.stderr.read() == b""
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    assert hashlib.sha256(r.stdout).digest() == hashlib.sha256(payload).digest(), len(r.stdout)
+    lines = _lines(log)
+    server = [l for l in lines if "role=server" in l]
+    assert len(server) == 1 and "transport=shm" in server[0] and "pid=%d " % srv.pid in server[0], lines
+    assert any("role=client" in l and "transport=shm" in l for l in lines), lines
+    assert not any("transport=tcp" in l for l in lines), lines
+
+
+@pytest.mark.parametrize("half_close", [False, True], ids=["reads", "half-closes"])
+def test_exec_after_the_upgrade_moves_the_connection_to_tcp(tmp_path, half_close):
+    """read a request over the ring, then exec a program that answers on the socket: the
+    connection goes on over TCP first (reason exec; the client's side follows, or had
+    already ended its direction with a half-close) and the client reads exactly the new
+    program's answer, then the end of the stream."""
+    log = tmp_path / "log"
+    srv, port = _server("after-request", log)
+    r = _client(port, b"hello\n", log, half_close=half_close)
+    assert srv.wait(timeout=30) == 0 and srv.stderr.read() == b""
+    assert r.returncode == 0 and r.stderr == b"" and r.stdout == b"world", (r.stdout, r.stderr)
+    lines = _lines(log)
+    assert any("role=server" in l and "transport=shm" in l for l in lines), lines
+    exec_lines = [l for l in lines if "reason=exec" in l]
+    assert len(exec_lines) == 1 and "role=server" in exec_lines[0] and "reason=exec (" not in exec_lines[0], lines
+
+
+def test_git_daemon_clone(tmp_path):
+    """git daemon runs `git daemon --serve` on each accepted socket, which reads the
+    request and runs upload-pack on it: the clone is complete and byte-identical."""
+    git = shutil.which("git")
+    assert git, "git is not installed (scripts/setup.sh installs it)"
+    log = tmp_path / "log"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    blob = os.urandom(8 << 20)
+    (repo / "blob.bin").write_bytes(blob)
+    g = ["-c", "user.email=t@example.com", "-c", "user.name=t"]
+    for cmd in (["init", "-q"], ["add", "blob.bin"], g + ["commit", "-q", "-m", "x"]):
+        subprocess.run([git, "-C", str(repo)] + cmd, check=True, timeout=60, capture_output=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon = subprocess.Popen(RUN + [git, "daemon", "--reuseaddr", "--base-path=%s" % tmp_path, "--export-all",
+                                     "--listen=127.0.0.1", "--port=%d" % port, str(repo)],
+                              env=_env(log), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30       # until the daemon's listener is registered
+        while rendezvous.listener_status("127.0.0.1", port)[0] != "ok":
+            assert time.monotonic() < deadline and daemon.poll() is None, daemon.stderr.read()
+            time.sleep(0.05)
+        clone = tmp_path / "clone"
+        r = subprocess.run(RUN + [git, "clone", "-q", "git://127.0.0.1:%d/repo" % port, str(clone)],
+                           env=_env(log), capture_output=True, timeout=120)
+        assert r.returncode == 0 and r.stderr == b"", r.stderr
+        assert (clone / "blob.bin").read_bytes() == blob
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+    lines = _lines(log)
+    assert any("role=server" in l and "transport=shm" in l for l in lines), lines
+    assert any("role=server" in l and "reason=exec" in l for l in lines), lines
+    assert not any("reason=exec (" in l for l in lines), lines
