@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -80,6 +81,8 @@ struct rs_sock *rs_sock_new(int fd, int state)
     s->handle = -1;
     int fl = (int)syscall(SYS_fcntl, fd, F_GETFL);
     s->nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    struct stat st;
+    s->ino = syscall(SYS_fstat, fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
     s->rcvtimeo_ms = timeo_ms(fd, SO_RCVTIMEO);
     s->sndtimeo_ms = timeo_ms(fd, SO_SNDTIMEO);
     pthread_mutex_init(&s->lock, NULL);

@@ -52,6 +52,8 @@ extern const struct rs_host_ops *rs_host;
 
 struct rs_sock {
     uint64_t refs;            /* holders << 32 | calls in progress */
+    uint64_t ino;             /* the socket's inode: which descriptors are it, where we were
+                               * not told (a vfork child's dup2 before exec) */
     int      state;           /* enum rs_state; published with release stores */
     int      err;             /* BROKEN: positive errno */
     int      handle;          /* control-plane handle (CLIENT_HS, SERVER_HS, LISTEN) */

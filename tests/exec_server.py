@@ -5,6 +5,9 @@ do (tests/test_exec.py).  Prints its port, accepts one connection, then:
                  socket), before the client's first byte is read
   after-request  reads one line first, then runs `sh -c 'printf world'` on it
   echo           (the program run by inetd) copies stdin to stdout until end of stream
+  subprocess     reads one line, runs `sh -c 'printf world'` with the socket as its stdout
+                 through Python's subprocess (a vfork child that dup2s it onto 1 and closes
+                 the rest), then writes "!" itself and prints its own stdin
 """
 import os
 import socket
@@ -29,13 +32,20 @@ def main():
     lsock.listen(1)
     print(lsock.getsockname()[1], flush=True)
     conn, _ = lsock.accept()
-    if mode == "after-request":
+    if mode in ("after-request", "subprocess"):
         line = b""
         while not line.endswith(b"\n"):
             got = conn.recv(100)
             if not got:
                 return 1
             line += got
+    if mode == "subprocess":
+        import subprocess
+        subprocess.run(["/bin/sh", "-c", "printf world"], stdout=conn.fileno(), check=True, timeout=30)
+        conn.sendall(b"!")
+        conn.close()
+        print(sys.stdin.read(), end="", flush=True)
+        return 0
     os.dup2(conn.fileno(), 0)
     os.dup2(conn.fileno(), 1)
     if mode == "inetd":

@@ -84,6 +84,24 @@ def test_exec_after_the_upgrade_moves_the_connection_to_tcp(tmp_path, half_close
     assert len(exec_lines) == 1 and "role=server" in exec_lines[0] and "reason=exec (" not in exec_lines[0], lines
 
 
+def test_python_subprocess_given_the_socket(tmp_path):
+    """Python's subprocess (a vfork child: it dup2s the socket onto stdout and closes the
+    rest, in memory it shares with its parent) runs a program that answers on the
+    socket; the parent then writes on it too.  The parent's own descriptors are left
+    alone (its stdin is still its stdin), the client reads both, in order."""
+    log = tmp_path / "log"
+    p = subprocess.Popen(RUN + [SYS_PY, os.path.join(HERE, "exec_server.py"), "subprocess"], env=_env(log),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    port = int(p.stdout.readline())
+    r = _client(port, b"hello\n", log, half_close=False)
+    out, err = p.communicate(b"the parent's stdin\n", timeout=30)
+    assert p.returncode == 0 and err == b"" and out == b"the parent's stdin\n", (out, err)
+    assert r.returncode == 0 and r.stderr == b"" and r.stdout == b"world!", (r.stdout, r.stderr)
+    lines = _lines(log)
+    exec_lines = [l for l in lines if "reason=exec" in l and " fd=" in l]
+    assert len(exec_lines) == 1 and "fd=1 " in exec_lines[0] and "reason=exec (" not in exec_lines[0], lines
+
+
 def test_git_daemon_clone(tmp_path):
     """git daemon runs `git daemon --serve` on each accepted socket, which reads the
     request and runs upload-pack on it: the clone is complete and byte-identical."""

@@ -31,7 +31,24 @@ struct inherited {
     int n;
     int fd[RS_EXEC_MAX];
     struct rs_sock *sock[RS_EXEC_MAX];
+    int stdio_sock[3];                  /* 0-2 is a socket we do not track (a vfork child's dup2) */
+    struct stat stdio[3];
 };
+
+static void add(struct inherited *in, int fd, struct rs_sock *s)
+{
+    for (int i = 0; i < in->n; i++)
+        if (in->fd[i] == fd) return;
+    if (in->n == RS_EXEC_MAX) return;
+    in->fd[in->n] = fd;
+    in->sock[in->n++] = s;
+}
+
+static int inherited_fd(int fd)
+{
+    int fl = rs_real.fcntl(fd, F_GETFD);
+    return fl >= 0 && !(fl & FD_CLOEXEC);
+}
 
 /* A socket another process may hold too (a fork happened since it was made) is handed
  * over only as the new program's stdin, stdout or stderr, the way a connection is given
@@ -40,20 +57,30 @@ struct inherited {
 static void note_inherited(int fd, struct rs_sock *s, void *arg)
 {
     struct inherited *in = arg;
-    if (fd > 2 && __atomic_load_n(&s->forked, __ATOMIC_RELAXED)) return;
-    int fl = rs_real.fcntl(fd, F_GETFD);
-    if (fl < 0 || (fl & FD_CLOEXEC) || in->n == RS_EXEC_MAX) return;
-    in->fd[in->n] = fd;
-    in->sock[in->n++] = s;
+    if ((fd <= 2 || !__atomic_load_n(&s->forked, __ATOMIC_RELAXED)) && inherited_fd(fd)) add(in, fd, s);
+    for (int k = 0; k < 3; k++)
+        if (in->stdio_sock[k] && s->ino && (uint64_t)in->stdio[k].st_ino == s->ino) add(in, k, s);
+}
+
+/* The connection's own descriptor number may be closed here while the socket lives on
+ * as `fd` (a child that closed what it does not pass on, as Python's subprocess does):
+ * the number is given back, close-on-exec, for the move's calls. */
+static int own_number(int fd, struct rs_sock *s)
+{
+    int cfd = rs_fd_peek(s->conn);
+    struct stat st;
+    if (fstat(cfd, &st) == 0) return (uint64_t)st.st_ino == s->ino ? 0 : -1;
+    return rs_real.dup3(fd, cfd, O_CLOEXEC) == cfd ? 0 : -1;
 }
 
 static void move_to_tcp(int fd, struct rs_sock *s)
 {
-    int r = rs_sock_before_exec(s, RS_EXEC_WAIT_MS);
+    int r = own_number(fd, s) < 0 ? -EBADF : rs_sock_before_exec(s, RS_EXEC_WAIT_MS);
     char text[320];
     snprintf(text, sizeof text, "role=%s fd=%d transport=tcp reason=exec%s", s->role == RS_ROLE_SERVER ? "server" : "client", fd,
              r == -EAGAIN ? " (the peer did not move its direction to TCP in time: the new program may read its doorbells)"
              : r == -EBADE ? " (bytes had arrived that the program never read: the new program does not get them)"
+             : r == -EBADF ? " (its descriptor number is another file here: not moved)"
              : r < 0 ? " (the move failed)" : "");
     rs_log_direct(text);
 }
@@ -66,15 +93,17 @@ static void before_exec(char *out, size_t outlen)
     if (!rs_real.read) rs_real_init();
     if (!rs_tracking() || rs_in_engine) return;
     struct inherited in = { 0 };
+    for (int k = 0; k < 3; k++)
+        in.stdio_sock[k] = !rs_is_tracked(k) && inherited_fd(k) && fstat(k, &in.stdio[k]) == 0 && S_ISSOCK(in.stdio[k].st_mode);
     rs_socks_each(note_inherited, &in);
     size_t len = 0;
     for (int i = 0; i < in.n; i++) {
-        struct rs_sock *s = rs_sock_of(in.fd[i]);
-        if (!s) continue;
+        struct rs_sock *s = in.sock[i];         /* pooled: a stale pointer is safe to try */
+        if (!rs_sock_try_get(s)) continue;
         int first = 1;                      /* the first inherited descriptor of its socket */
         for (int j = 0; j < i; j++) first &= in.sock[j] != in.sock[i];
         int st = rs_sock_state(s);
-        if (st == RS_RING && first && !RS_GET(s->conn->fb_done)) move_to_tcp(in.fd[i], s);
+        if (st == RS_RING && first && !RS_GET(s->conn->fb)) move_to_tcp(in.fd[i], s);   /* once: execvp tries paths */
         if (st == RS_SERVER_HS && len + 16 < outlen) {
             const char *sep = !len ? RS_EXEC_ACCEPTED "=" : first ? "," : "+";
             len += (size_t)snprintf(out + len, outlen - len, "%s%d", sep, in.fd[i]);

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <stdarg.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define PASS (rs_in_engine || !rs_real.read)
@@ -21,12 +22,25 @@ static int is_inet_stream(int fd)
     return ss.ss_family == AF_INET || ss.ss_family == AF_INET6;
 }
 
+/* A child of vfork() (or of a clone() that shares memory) runs no fork handlers and
+ * shares our tables with its parent: what it does to its descriptors before its exec
+ * (the dup2 onto stdin of Python's subprocess) must not change them.  It is told apart
+ * by its pid, which only a real fork's handler brings up to date. */
+static pid_t our_pid;
+
+int rs_memory_shared_child(void) { return (pid_t)syscall(SYS_getpid) != __atomic_load_n(&our_pid, __ATOMIC_RELAXED); }
+
 static void fork_prepare(void) { rs_sock_mark_all_forked(); }
-static void fork_child(void) { rs_stats_after_fork(); rs_socks_after_fork_child(); rs_ep_after_fork_child(); }
+static void fork_child(void)
+{
+    __atomic_store_n(&our_pid, (pid_t)syscall(SYS_getpid), __ATOMIC_RELAXED);
+    rs_stats_after_fork(); rs_socks_after_fork_child(); rs_ep_after_fork_child();
+}
 
 __attribute__((constructor)) static void hooks_init(void)
 {
     rs_real_init();
+    __atomic_store_n(&our_pid, (pid_t)syscall(SYS_getpid), __ATOMIC_RELAXED);
     pthread_atfork(fork_prepare, NULL, fork_child);
 }
 
@@ -135,6 +149,7 @@ RS_EXPORT int close(int fd)
 {
     if (!rs_real.read) rs_real_init();
     int tracked = rs_is_tracked(fd);
+    if ((tracked || rs_ep_is_set(fd)) && rs_memory_shared_child()) return rs_real.close(fd);
     if (tracked) rs_untrack(fd);                    /* a last close sends the FIN record now */
     if (tracked || rs_ep_is_set(fd)) rs_ep_forget(fd);
     rs_ep_fd_fresh(fd);
@@ -156,6 +171,7 @@ RS_EXPORT int shutdown(int fd, int how)
 /* newfd now refers to oldfd's open file: it shares oldfd's socket, if any. */
 static int share(int oldfd, int newfd)
 {
+    if (newfd >= 0 && rs_memory_shared_child()) return newfd;
     if (newfd >= 0) {
         rs_ep_fd_fresh(newfd);                  /* a new file behind that number */
         if (rs_is_tracked(oldfd)) rs_share(oldfd, newfd);
@@ -175,7 +191,8 @@ RS_EXPORT int dup(int fd)
 RS_EXPORT int dup2(int oldfd, int newfd)
 {
     if (!rs_real.read) rs_real_init();
-    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0) rs_untrack(newfd);
+    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0 && !rs_memory_shared_child())
+        rs_untrack(newfd);
     int r = rs_real.dup2(oldfd, newfd);
     return oldfd == newfd ? r : share(oldfd, r);
 }
@@ -183,7 +200,8 @@ RS_EXPORT int dup2(int oldfd, int newfd)
 RS_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     if (!rs_real.read) rs_real_init();
-    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0) rs_untrack(newfd);
+    if (oldfd != newfd && rs_is_tracked(newfd) && rs_real.fcntl(oldfd, F_GETFD) >= 0 && !rs_memory_shared_child())
+        rs_untrack(newfd);
     return share(oldfd, rs_real.dup3(oldfd, newfd, flags));
 }
 

@@ -30,6 +30,7 @@
 
 /* ---- rs_hooks_sock.c ------------------------------------------------------------ */
 void rs_adopt_accepted(int lfd, int fd);    /* an accepted socket: a HELLO may follow */
+int  rs_memory_shared_child(void);          /* a vfork child: our tables are its parent's */
 
 /* ---- rs_hooks_exec.c ------------------------------------------------------------ */
 extern int rs_adopt_due;                    /* sockets accepted before our exec wait for first use */
