@@ -104,10 +104,11 @@ static void before_exec(char *out, size_t outlen)
         for (int j = 0; j < i; j++) first &= in.sock[j] != in.sock[i];
         int st = rs_sock_state(s);
         if (st == RS_RING && first && !RS_GET(s->conn->fb)) move_to_tcp(in.fd[i], s);   /* once: execvp tries paths */
-        if (st == RS_SERVER_HS && len + 16 < outlen) {
-            const char *sep = !len ? RS_EXEC_ACCEPTED "=" : first ? "," : "+";
-            len += (size_t)snprintf(out + len, outlen - len, "%s%d", sep, in.fd[i]);
-        }
+        if (st == RS_SERVER_HS && first)           /* the socket's group: all its numbers */
+            for (int j = i; j < in.n && len + 16 < outlen; j++)
+                if (in.sock[j] == s)
+                    len += (size_t)snprintf(out + len, outlen - len, "%s%d",
+                                            j > i ? "+" : len ? "," : RS_EXEC_ACCEPTED "=", in.fd[j]);
         rs_sock_put(s);
     }
 }
