@@ -83,8 +83,6 @@ struct rs_real {
     int (*execve)(const char *, char *const[], char *const[]);
     int (*execveat)(int, const char *, char *const[], char *const[], int);
     int (*fexecve)(int, char *const[], char *const[]);
-    int (*execv)(const char *, char *const[]);
-    int (*execvp)(const char *, char *const[]);
     int (*execvpe)(const char *, char *const[], char *const[]);
 };
 extern struct rs_real rs_real;
