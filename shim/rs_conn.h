@@ -345,6 +345,8 @@ int      rs_spill_rx_ready(rs_conn *c);
 long     rs_spill_available(rs_conn *c);
 
 /* rs_hold.c */
+#define  RS_HOLD_AFTER_MS 10           /* a writer without room this long takes in what it can read */
+int      rs_hold_applies(rs_conn *c);
 int      rs_hold_due(rs_conn *c);
 int      rs_hold_recheck_ms(rs_conn *c);
 void     rs_hold_fill(rs_conn *c);
@@ -368,6 +370,7 @@ int      rs_fb_tx_pending(rs_conn *c);
 int      rs_fb_finish_tx(rs_conn *c, int timeout_ms);
 void     rs_fb_shutdown(rs_conn *c);
 long     rs_fb_rx_available(rs_conn *c);
+size_t   rs_fb_rx_take(rs_conn *c, uint8_t *dst, size_t len);
 void     rs_fb_settle_rx(rs_conn *c);
 
 /* rs_tcp.c */

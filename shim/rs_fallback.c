@@ -57,9 +57,12 @@ void rs_fb_begin(rs_conn *c, int reason)
 }
 
 /* Both directions plain TCP and nothing held (rs_hold.c): the kernel socket tells
- * readiness from now on.  Each side calls it after its own change. */
+ * readiness from now on.  Each side calls it after its own change.  Never where the hold
+ * applies: a writer waiting for room goes on filling it from the socket (wait_room), so
+ * the program's calls must keep coming here. */
 void rs_fb_update_done(rs_conn *c)
 {
+    if (rs_hold_applies(c)) return;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&c->tx.move.state, __ATOMIC_SEQ_CST) == TX_PLAIN &&
         __atomic_load_n(&c->rx.move.state, __ATOMIC_SEQ_CST) == RX_PLAIN && !__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST))
@@ -69,6 +72,28 @@ void rs_fb_update_done(rs_conn *c)
 static int wait_sock(rs_conn *c, short events, uint64_t deadline)
 {
     return rs_sleep_fd(rs_fd_peek(c), events, deadline);
+}
+
+/* A writer waiting for room in the socket's buffer.  Where the ring had the hold
+ * (rs_hold.c), the writer keeps filling it after the move, from the socket now, every
+ * RS_HOLD_AFTER_MS of its wait (*since: when the wait began, 0 before): the socket's
+ * buffers, cold after carrying only doorbells, take in far less than the ring and the
+ * hold did, or than a TCP connection's would have by now, and a program that writes
+ * before it reads (and its peer, doing the same) would otherwise wait for each other.
+ * Counted in time, not in sleeps: a stream socket may say it has room and then take
+ * nothing. */
+static int wait_room(rs_conn *c, uint64_t deadline, uint64_t *since)
+{
+    if (!rs_hold_applies(c)) return wait_sock(c, POLLOUT, deadline);
+    uint64_t now = rs_now_ns(), step = RS_HOLD_AFTER_MS * 1000000ull;
+    if (!*since) {
+        *since = now;
+    } else if (now - *since >= step) {
+        rs_hold_fill(c);
+        *since = now;
+    }
+    int w = wait_sock(c, POLLOUT, rs_earlier(deadline, now + step));
+    return w == 0 && !rs_passed(deadline) ? 1 : w;     /* 1: look again */
 }
 
 /* ---- transmit ---------------------------------------------------------------------- */
@@ -200,13 +225,13 @@ int rs_fb_tx_pending(rs_conn *c)
 ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms)
 {
     if (timeout_ms == 0) nonblock = 1;
-    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
+    uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms), since = 0;
     for (;;) {
         int r = tx_advance(c);
         if (r < 0) return r;
         if (r == 1) break;
         if (nonblock) return -EAGAIN;
-        int w = wait_sock(c, POLLOUT, deadline);
+        int w = wait_room(c, deadline, &since);
         if (w <= 0) return w == 0 ? -EAGAIN : w;
     }
     if (c->tx.fin_sent) return -EPIPE;
@@ -216,7 +241,7 @@ ssize_t rs_fb_send(rs_conn *c, const void *buf, size_t len, int nonblock, int ti
         if (n > 0) { sent += (size_t)n; c->tx.bytes += (uint64_t)n; continue; }
         if (n != -EAGAIN) { tx_broken(c, n); return sent ? (ssize_t)sent : n; }
         if (nonblock) break;
-        int w = wait_sock(c, POLLOUT, deadline);
+        int w = wait_room(c, deadline, &since);
         if (w < 0 && !sent) return w;           /* a signal without SA_RESTART: EINTR, as TCP's send */
         if (w <= 0) break;
     }
@@ -335,6 +360,25 @@ static int rx_resync_locked(rs_conn *c)
 static int rx_resync(rs_conn *c)
 {
     return c->rx.move.state == RX_PLAIN ? 1 : rx_resync_locked(c);
+}
+
+static void rx_leave_ring(rs_conn *c);
+
+/* For the hold (rs_hold.c; caller holds rx_lock), once the ring has nothing more: up to
+ * len stream bytes off the socket, without waiting.  Only bytes that are there: the end
+ * of the stream or the socket's error stays for the program's own read to report. */
+size_t rs_fb_rx_take(rs_conn *c, uint8_t *dst, size_t len)
+{
+    rx_leave_ring(c);
+    if (rx_resync(c) != 1) return 0;
+    int queued = 0;
+    long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &queued);
+    rs_fd_leave(c);
+    if (r < 0 || queued <= 0) return 0;
+    long n = rs_c_recv(c, dst, (size_t)queued < len ? (size_t)queued : len, MSG_DONTWAIT);
+    if (n <= 0) return 0;
+    c->rx.bytes += (uint64_t)n;
+    return (size_t)n;
 }
 
 /* A lossy transport failed: the ring has nothing more for us, from here on only the socket

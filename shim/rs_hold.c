@@ -28,6 +28,11 @@
  * is filled.  It runs only while such connections exist, and looks less often (up to
  * every 200 ms) while no ring is that full.
  *
+ * After the transport failed and the connection went on over its TCP socket (rs_fallback.c),
+ * a waiting writer fills the hold from the socket instead: buffers that carried only
+ * doorbells take in far less than the ring and the hold did, so the two programs would
+ * wait for each other there.
+ *
  * The hold belongs to the receive side (rx.lock).  The writer decides under tx.lock that
  * it is due and fills it after letting tx.lock go (the lock order is rx.lock first).
  * Other connections' receive sides are only tried (a reader there is making progress).
@@ -44,7 +49,7 @@
 #include <unistd.h>
 #include "rs_conn.h"
 
-#define RS_HOLD_AFTER_NS 10000000ull      /* a full ring this long before the writer holds */
+#define RS_HOLD_AFTER_NS (RS_HOLD_AFTER_MS * 1000000ull)   /* no room this long before the writer holds */
 #define RS_HOLD_MIN      (64u << 10)      /* first allocation */
 #define RS_HOLD_DEFAULT  (10ull << 20)    /* limit if the kernel's maxima cannot be read */
 #define HOLDER_BUSY_MS   10u              /* the holder's look while a producer waits */
@@ -114,7 +119,7 @@ static size_t make_room(rs_conn *c, size_t want)
 
 /* The peer has no remedy of its own for a full ring: it cannot spill, and the transport
  * does not move a stalled ring to TCP. */
-static int hold_applies(rs_conn *c)
+int rs_hold_applies(rs_conn *c)
 {
     return !c->spill_ok && !c->ops->stall_ms && c->rx.ring;
 }
@@ -123,7 +128,7 @@ static int hold_applies(rs_conn *c)
  * it has let tx.lock go). */
 int rs_hold_due(rs_conn *c)
 {
-    if (!hold_applies(c)) return 0;
+    if (!rs_hold_applies(c)) return 0;
     uint64_t full = rs_tx_full_ns(c);
     return full >= RS_HOLD_AFTER_NS || (full && __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED));   /* holding already */
 }
@@ -133,7 +138,7 @@ int rs_hold_due(rs_conn *c)
  * the peer's bytes in our ring wake nothing that waits only for POLLOUT. */
 int rs_hold_recheck_ms(rs_conn *c)
 {
-    if (!hold_applies(c)) return -1;
+    if (!rs_hold_applies(c)) return -1;
     return __atomic_load_n(&c->rx.hold_len, __ATOMIC_RELAXED) ? 1 : (int)(RS_HOLD_AFTER_NS / 1000000u);
 }
 
@@ -166,7 +171,7 @@ static void live_init(void) { pthread_atfork(live_before_fork, live_after_fork_p
 void rs_hold_list(rs_conn *c)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    if (c->live || !hold_applies(c)) return;
+    if (c->live || !rs_hold_applies(c)) return;
     pthread_once(&once, live_init);
     rs_lock(&live.lock);
     c->live = &live;
@@ -192,23 +197,29 @@ void rs_hold_unlist(rs_conn *c)
 }
 
 /* Takes what the receive ring has into the hold and returns the credit (caller holds
- * rx.lock, not tx.lock: returning credit may ring the peer's doorbell, under tx.lock). */
+ * rx.lock, not tx.lock: returning credit may ring the peer's doorbell, under tx.lock).
+ * Once the transport failed and the ring has nothing more, what the socket has (after
+ * the peer's RESYNC frame and the bytes it repeats). */
 static void fill_locked(rs_conn *c)
 {
     struct rs_rx *x = &c->rx;
     /* A server's ring comes after the client's preamble: only its SWITCH may be read off
      * here (bytes the client wrote before our answer are the program's to read first). */
     if (x->pre.active && !rs_pre_settle_locked(c)) return;
-    if (x->move.state || x->spill_state || x->fin_seen || x->shut_rd || RS_GET(c->err)) return;
+    if (x->spill_state || x->fin_seen || x->shut_rd || RS_GET(c->err)) return;
+    if (x->move.state && !c->ops->lossy_failure) return;
     uint64_t limit = hold_limit(c);
     if (x->hold_len < limit) {
         size_t want = limit - x->hold_len < c->ring_size ? (size_t)(limit - x->hold_len) : c->ring_size;
         want = make_room(c, want);
-        size_t n = want ? rs_rx_take_ring(c, x->hold + x->hold_off + x->hold_len, want) : 0;
+        uint8_t *dst = x->hold + x->hold_off + x->hold_len;
+        size_t n = want ? rs_rx_take_ring(c, dst, want) : 0;
+        int from_ring = n != 0;
+        if (!n && want && rs_rx_on_tcp(c) && !x->cur_len) n = rs_fb_rx_take(c, dst, want);
         if (n) {
             __atomic_store_n(&x->hold_len, x->hold_len + n, __ATOMIC_SEQ_CST);
             __atomic_store_n(&x->held, x->held + n, __ATOMIC_RELAXED);
-            rs_rx_publish_credit(c, 1);
+            if (from_ring) rs_rx_publish_credit(c, 1);
         }
         if (!x->hold_len) rs_hold_free(c);
     }
@@ -243,9 +254,15 @@ static void *holder_run(void *arg)
         int waiting = 0;
         rs_lock(&live.lock);
         for (rs_conn *o = live.head; o; o = o->live_next) {
-            /* Half a ring unread: its producer waits, or soon will. */
-            uint64_t took = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED);
-            if (o->ops->peer_posted(o) - took < o->ring_size / 2) { o->rx.hold_seen = took - 1; continue; }
+            /* Half a ring unread: its producer waits, or soon will.  The peer's count
+             * comes with its words, which may lag behind its records: one below ours is
+             * stale and counts as half a ring.  Not after a move to TCP, where the peer's
+             * count stops and ours goes on: a writer fills the hold then (rs_fallback.c). */
+            uint64_t took = __atomic_load_n(&o->rx.bytes, __ATOMIC_RELAXED), posted = o->ops->peer_posted(o);
+            if (RS_GET(o->fb) || (posted >= took && posted - took < o->ring_size / 2)) {
+                o->rx.hold_seen = took - 1;
+                continue;
+            }
             waiting = 1;
             if (took == o->rx.hold_seen && rs_trylock(&o->rx.lock)) {
                 fill_locked(o);

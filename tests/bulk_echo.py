@@ -19,19 +19,24 @@ Each role runs with plain sockets ("plain", or under the preload library when st
                                            the end and answers with the SHA-256 of what it
                                            read (a server that talks before it listens,
                                            while its client still writes)
-  bulk_echo.py client MODE PORT SIZE [duplex|away|late SIZE2]
+  bulk_echo.py client MODE PORT SIZE [duplex|away|late SIZE2|qp_error]
                                            writes SIZE bytes before reading anything, then
                                            reads the echo and checks it byte for byte (duplex:
                                            a second thread reads while the first writes;
                                            away: reads the greeting first, so an upgraded
                                            connection is on its ring before it writes;
                                            late: expects the late server's SIZE2 bytes and
-                                           the digest of its own instead of an echo).
+                                           the digest of its own instead of an echo;
+                                           qp_error, api over rdma only: half-way through
+                                           the write, the client's queue pair is forced
+                                           into the error state, so the connection moves
+                                           to TCP while both ends write).
                                            Prints one JSON line ("written": seconds until
                                            all was sent); exit 0 iff it matched.
 
 Every socket has a 120 s timeout, so a deadlock ends as a failure, not a hang.
-BULK_ECHO_CHUNK in the environment sets the most bytes read (and echoed) at once.
+BULK_ECHO_CHUNK in the environment sets the most bytes read (and echoed) at once;
+BULK_ECHO_HOST the address servers listen on and clients connect to (127.0.0.1).
 """
 import hashlib
 import json
@@ -43,6 +48,7 @@ import time
 
 TIMEOUT = 120
 CHUNK = int(os.environ.get("BULK_ECHO_CHUNK", 256 * 1024))
+HOST = os.environ.get("BULK_ECHO_HOST", "127.0.0.1")
 
 
 def make_socket(mode):
@@ -64,7 +70,7 @@ def pattern(size):
 def listen(mode):
     ls = make_socket(mode)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", 0))
+    ls.bind((HOST, 0))
     ls.listen(64)
     print("port %d" % ls.getsockname()[1], flush=True)
     return ls
@@ -108,7 +114,7 @@ def proxy(mode, upstream):
         u = make_socket(mode)
         u.settimeout(TIMEOUT)
         try:
-            u.connect(("127.0.0.1", upstream))
+            u.connect((HOST, upstream))
         except OSError:
             c.close()
             return
@@ -147,13 +153,13 @@ def read_all(s, got):
         got += d
 
 
-def client(mode, port, size, duplex, greeted, talked_to=0):
+def client(mode, port, size, duplex, greeted, talked_to=0, qp_error=False):
     data = pattern(size)
     expected = pattern(talked_to) + hashlib.sha256(data).digest() if talked_to else data
     s = make_socket(mode)
     s.settimeout(TIMEOUT)
     t0 = time.monotonic()
-    s.connect(("127.0.0.1", port))
+    s.connect((HOST, port))
     out = {"size": size, "mode": mode, "duplex": duplex}
     got = bytearray()
     reader = threading.Thread(target=read_all, args=(s, got), daemon=True)
@@ -163,7 +169,14 @@ def client(mode, port, size, duplex, greeted, talked_to=0):
         if greeted and s.recv(1) != b"!":
             raise OSError("no greeting")
         t_write = time.monotonic()
-        s.sendall(data)                        # without duplex nothing is read until all is out
+        if qp_error:
+            s.sendall(data[: size // 2])
+            from rdmasock import transport_rdma
+            for side in list(transport_rdma._sides.values()):
+                side.ep.force_error()
+            s.sendall(data[size // 2:])
+        else:
+            s.sendall(data)                    # without duplex nothing is read until all is out
         out["written"] = round(time.monotonic() - t_write, 3)
         s.shutdown(socket.SHUT_WR)
         if duplex:
@@ -199,7 +212,7 @@ def main(argv):
         serve_forever(listen(mode), lambda c: late(size, seconds, c))
     elif role == "client":
         return client(mode, int(argv[3]), int(argv[4]), argv[5:] == ["duplex"], argv[5:] == ["away"],
-                      int(argv[6]) if argv[5:6] == ["late"] else 0)
+                      int(argv[6]) if argv[5:6] == ["late"] else 0, argv[5:] == ["qp_error"])
     return 2
 
 

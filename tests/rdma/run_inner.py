@@ -17,7 +17,8 @@ Cases (`--only a,b`):
   prog_curl_link_down  the same (60 MB), RoCE link down at 15 MB: goes on over TCP, sha256 equal
   sock_*         rdmasock sockets over rdma: faults, link down, credit probe, dead peer (sockets.py)
   write_first    write-before-read echo (1, 4 MiB), through a proxy, 64 MiB duplex, to a server
-                 away from its sockets, over rdma (bulk_echo.py)
+                 away from its sockets, the client's QP forced to ERR half-way, over rdma (bulk_echo.py)
+  write_first_two_hosts  4 MiB write-before-read echo and the forced QP error, between rs-h1 and rs-h2
 """
 import argparse
 import json
@@ -30,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
          "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
-         "sock_device_delete", "api_sigio", "write_first"]
+         "sock_device_delete", "api_sigio", "write_first", "write_first_two_hosts"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
 VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_credit_probe": _TWO, "sock_dead_peer": _TWO,
            "sock_device_delete": "deletes an rdma link: only inside the throw-away VM",
@@ -38,7 +39,8 @@ VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_credit_probe": _
            "device_events": "deletes an rdma link: only inside the throw-away VM",
            "prog_pg": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
            "prog_curl": "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)",
-           "prog_curl_link_down": "takes a RoCE link down: only inside the throw-away VM"}
+           "prog_curl_link_down": "takes a RoCE link down: only inside the throw-away VM",
+           "write_first_two_hosts": _TWO}
 
 
 def run(cmds, timeout, env=None):
@@ -151,7 +153,7 @@ def do_api_stream():
 AWAY = 4          # seconds the write_first "away" server keeps away from its sockets
 
 
-def do_write_first():
+def do_write_first(two_hosts=False):
     """Write-before-read traffic over rdma (tests/bulk_echo.py), the shapes of
     tests/test_bulk_flow.py: a client writes 1 or 4 MiB before it reads to an echo server
     that answers as it reads, so both end up writing more than a ring holds with neither
@@ -160,22 +162,37 @@ def do_write_first():
     has into memory (shim/rs_hold.c), as a TCP socket's kernel would; every connection
     stays rdma.  And a client that writes 1 MiB to a server that stays away from its
     sockets for AWAY seconds: the server's holder thread takes the bytes in, so the write
-    is done before the server is back.  Plain TCP runs first, for comparison."""
+    is done before the server is back.  And the client's queue pair forced into the error
+    state half-way through its 4 MiB: the connection goes on over TCP, whose buffers,
+    cold after carrying only doorbells, hold less than the rings and holds did, so each
+    writer goes on taking what it can read into its hold.  Plain TCP runs first, for
+    comparison.  two_hosts: server in rs-h1, client in rs-h2 (1500-byte MTU; the cold
+    TCP buffers hold far less than over the loopback's 64 KiB segments)."""
     prog = os.path.join(os.path.dirname(HERE), "bulk_echo.py")
     outs, ok = [], True
     for name in ("tcp_rmem", "tcp_wmem"):
         with open("/proc/sys/net/ipv4/" + name) as f:
             outs.append("%s: %s" % (name, f.read().strip()))
 
-    def argv(mode, *args):
+    def argv(host, mode, *args):
+        ns = ["ip", "netns", "exec", os.environ["SOFTROCE_H%s_NS" % host]] if two_hosts else []
         if mode == "plain":
-            return ["/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
+            return ns + ["/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
         if mode == "preload":
-            return [PY, "-m", "rdmasock", "run", "--", "/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
-        return [PY, prog, args[0], "api"] + list(args[1:])
+            return ns + [PY, "-m", "rdmasock", "run", "--", "/usr/bin/python3", prog, args[0], "plain"] + list(args[1:])
+        return ns + [PY, prog, args[0], "api"] + list(args[1:])
+
+    def env_of(host, log_file):
+        extra = {"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file}
+        if not two_hosts:
+            return _lo_env(extra)
+        other = "2" if host == "1" else "1"
+        extra.update(RDMASOCK_RDMA_DEVICE=os.environ["SOFTROCE_H%s_DEV" % host],
+                     RDMASOCK_PEERS=os.environ["SOFTROCE_H%s_IP" % other], BULK_ECHO_HOST=os.environ["SOFTROCE_H1_IP"])
+        return case_env(extra)
 
     def start(mode, env, *args):
-        p = subprocess.Popen(argv(mode, *args), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        p = subprocess.Popen(argv("1", mode, *args), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env)
         line = p.stdout.readline().split()
         if not line or line[0] != "port":
@@ -186,29 +203,36 @@ def do_write_first():
 
     MiB = 1 << 20
     runs = [("plain", "plain", 1 * MiB, ""), ("plain", "plain", 4 * MiB, "")]
-    runs += [(s_, c_, size, "") for s_, c_ in (("api", "api"), ("preload", "preload"), ("api", "preload"))
-             for size in (1 * MiB, 4 * MiB)]
-    runs += [("api", "api", 4 * MiB, "proxy"), ("preload", "preload", 4 * MiB, "proxy"),
-             ("preload", "preload", 64 * MiB, "duplex")]
-    # a server away from its sockets for AWAY s: the client's 1 MiB (four rings; within what
-    # the guest's TCP takes in, with its small tcp_rmem/tcp_wmem) is in before it is back
-    runs += [(m, m, 1 * MiB, "away") for m in ("plain", "api", "preload")]
+    if two_hosts:
+        runs = runs[1:] + [("api", "api", 4 * MiB, "")]
+    else:
+        runs += [(s_, c_, size, "") for s_, c_ in (("api", "api"), ("preload", "preload"), ("api", "preload"))
+                 for size in (1 * MiB, 4 * MiB)]
+    # the client's QP forced to ERR half-way through its write: both ends go on over TCP
+    # while both write, the server into a client that reads nothing until it is done
+    runs += [("api", "api", 4 * MiB, "qp_error"), ("preload", "api", 4 * MiB, "qp_error")]
+    if not two_hosts:
+        runs += [("api", "api", 4 * MiB, "proxy"), ("preload", "preload", 4 * MiB, "proxy"),
+                 ("preload", "preload", 64 * MiB, "duplex")]
+        # a server away from its sockets for AWAY s: the client's 1 MiB (four rings; within what
+        # the guest's TCP takes in, with its small tcp_rmem/tcp_wmem) is in before it is back
+        runs += [(m, m, 1 * MiB, "away") for m in ("plain", "api", "preload")]
     for smode, cmode, size, shape in runs:
         name = "%s server, %s client, %d MiB%s" % (smode, cmode, size // MiB, " " + shape if shape else "")
-        log_file = "/tmp/write_first.log"
-        if os.path.exists(log_file):
-            os.unlink(log_file)
-        env = _lo_env({"RDMASOCK_TRANSPORTS": "rdma", "RDMASOCK_LOG_FILE": log_file})
-        procs = []
+        logs = ["/tmp/write_first.%s.log" % h for h in ("1", "2")] if two_hosts else ["/tmp/write_first.log"] * 2
+        for f in logs:
+            if os.path.exists(f):
+                os.unlink(f)
+        procs, took, detail, good = [], 0.0, "", False
         try:
-            srv, port = start(smode, env, *(("away", str(AWAY)) if shape == "away" else ("server",)))
+            srv, port = start(smode, env_of("1", logs[0]), *(("away", str(AWAY)) if shape == "away" else ("server",)))
             procs.append(srv)
             if shape == "proxy":
-                prx, port = start(smode, env, "proxy", port)
+                prx, port = start(smode, env_of("1", logs[0]), "proxy", port)
                 procs.append(prx)
             t0 = time.monotonic()
-            r = subprocess.run(argv(cmode, "client", port, str(size)) + ([shape] if shape in ("duplex", "away") else []),
-                               cwd=HERE, capture_output=True, text=True, env=env, timeout=300)
+            r = subprocess.run(argv("2", cmode, "client", port, str(size)) + ([shape] if shape in ("duplex", "away", "qp_error") else []),
+                               cwd=HERE, capture_output=True, text=True, env=env_of("2", logs[1]), timeout=300)
             took, detail = time.monotonic() - t0, r.stdout.strip() + r.stderr.strip()
             good = r.returncode == 0 and '"ok": true' in r.stdout and not r.stderr
             if good and shape == "away":
@@ -216,15 +240,30 @@ def do_write_first():
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             took, detail, good = 0.0, str(exc), False
         finally:
-            for p in procs:
+            for p in procs:              # a server that died or complained fails the run too
+                died = p.poll()
                 p.kill()
-                p.wait(10)
-        log_text = open(log_file).read() if os.path.exists(log_file) else ""
-        if smode != "plain":
+                try:
+                    _, err = p.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    err = "(no end within 10 s of SIGKILL)"
+                if died is not None or err.strip():
+                    good = False
+                    detail += "\n%s (pid %d) %s:\n%s" % ("server" if p is procs[0] else "proxy", p.pid,
+                                                        "exited with %s before the end" % died if died is not None
+                                                        else "wrote to stderr", err.strip()[-3000:])
+        log_text = "".join(open(f).read() for f in sorted(set(logs)) if os.path.exists(f))
+        if shape == "qp_error":
+            good = good and log_text.count("transport=rdma") == 2 and log_text.count("reason=rdma_failed") == 2
+        elif smode != "plain":
             good = good and "transport=rdma" in log_text and "transport=tcp" not in log_text
         ok = ok and good
         outs.append("%s: %s in %.2f s %s\n%s" % (name, "ok" if good else "FAILED", took, detail, log_text.strip()))
     return ok, "\n".join(outs)
+
+
+def do_write_first_two_hosts():
+    return do_write_first(two_hosts=True)
 
 
 def do_api_sigio():
