@@ -192,8 +192,9 @@ def do_write_first(two_hosts=False):
         return case_env(extra)
 
     def start(mode, env, *args):
+        # a server that crashes says where, on the stderr the run reports
         p = subprocess.Popen(argv("1", mode, *args), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env)
+                             text=True, env=dict(env, PYTHONFAULTHANDLER="1"))
         line = p.stdout.readline().split()
         if not line or line[0] != "port":
             p.kill()
