@@ -13,12 +13,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 API = """
-int rse_listen(int fd, int *marker);
+int rse_listen(int fd, int *marker, uintptr_t answer);
 void rse_unlisten(int handle, int detach);
 int rse_connect_plan(int fd, const void *sa, int salen);
 void rse_hello(int handle);
-int rse_accept(int lfd, int fd);
-void rse_drop(int handle);
+int rse_accept(int lfd, int fd, uintptr_t answer);
+int rse_accept_late(int fd);
+void rse_drop(int handle, int detach);
 void rse_plain(int fd, int reason);
 int rse_status(char *why, int whylen);
 int rse_step(int handle, int wait_ms, uintptr_t *out);
@@ -53,8 +54,8 @@ def rse_status(why, whylen):
     return 0
 
 @ffi.def_extern(error=0, onerror=_quiet)
-def rse_listen(fd, marker):
-    return _engine.listen(fd, marker)
+def rse_listen(fd, marker, answer):
+    return _engine.listen(fd, marker, answer)
 
 @ffi.def_extern(onerror=_quiet)
 def rse_unlisten(handle, detach):
@@ -69,12 +70,16 @@ def rse_hello(handle):
     _engine.hello(handle)
 
 @ffi.def_extern(error=0, onerror=_quiet)
-def rse_accept(lfd, fd):
-    return _engine.accept(lfd, fd)
+def rse_accept(lfd, fd, answer):
+    return _engine.accept(lfd, fd, answer)
+
+@ffi.def_extern(error=0, onerror=_quiet)
+def rse_accept_late(fd):
+    return _engine.accept_late(fd)
 
 @ffi.def_extern(onerror=_quiet)
-def rse_drop(handle):
-    _engine.drop(handle)
+def rse_drop(handle, detach):
+    _engine.drop(handle, detach)
 
 @ffi.def_extern(onerror=_quiet)
 def rse_plain(fd, reason):

@@ -31,8 +31,8 @@ class AppSocket(_socket.socket):
     file).  The engine works on its own duplicate, never on the application's number:
     that number may be closed and reused while a handshake is in progress."""
 
-    def __init__(self, app_fd):
-        fd = os.dup(app_fd)
+    def __init__(self, app_fd, dup=True):
+        fd = os.dup(app_fd) if dup else app_fd
         # The duplicate shares the open file, and with it O_NONBLOCK.  A socket object made
         # while the host program has a socket.setdefaulttimeout() switches its file to
         # non-blocking: the application's own socket would change under it.
@@ -80,10 +80,11 @@ def _log(role, sock, transport, reason):
     log.connection(role, local, peer, transport, reason)
 
 
-def listen(fd, marker_out=None):
+def listen(fd, marker_out=None, answer=0):
     """A listener: its rendezvous name.  Returns a handle (> 0) or 0; marker_out[0] gets
     the name's descriptor (a forked child that has not entered the engine closes its copy
-    itself, then tells unlisten to detach it)."""
+    itself, then tells unlisten to detach it); `answer`, the address of a struct rs_answer,
+    is filled if C may plan the sockets it accepts (shim/rs_answer.c)."""
     cfg = config.get()
     if cfg.disabled or ("shm" not in cfg.transports and "rdma" not in cfg.transports):
         return 0
@@ -100,6 +101,8 @@ def listen(fd, marker_out=None):
         return 0
     if marker_out is not None:
         marker_out[0] = marker.fileno()
+    if answer and upgrade.c_may_plan(name):
+        upgrade.plan_answer(ffi.cast("struct rs_answer *", answer), rendezvous.client_prefix())
     return _new_handle(_listeners, marker)
 
 
@@ -158,14 +161,16 @@ def hello(handle):
         h.side.start()
 
 
-def accept(lfd, fd):
+def accept(lfd, fd, answer=0):
     """An accepted socket: a HELLO follows if its client registered a rendezvous name (or
-    is listed in RDMASOCK_PEERS)."""
+    is listed in RDMASOCK_PEERS).  `answer`: the address of a struct rs_answer, filled if a
+    HELLO that offers shm may be answered in C (shim/rs_answer.c); 0 if the caller cannot."""
     if config.get().disabled:
         return 0
     s = AppSocket(fd)
     try:
-        why, decline_shm = upgrade.server_plan(s, s.getsockname(), s.getpeername())
+        local, peer = s.getsockname(), s.getpeername()
+        why, decline_shm = upgrade.server_plan(s, local, peer)
         if why is not None:
             _log("server", s, "tcp", why)
             s.close()
@@ -174,12 +179,26 @@ def accept(lfd, fd):
         log.line("pid=%d role=server fd=%d transport=tcp: accepted socket not planned: %s" % (os.getpid(), fd, e), level=3)
         s.close()
         return 0
+    if answer and decline_shm is None:
+        upgrade.plan_answer(ffi.cast("struct rs_answer *", answer), rendezvous.client_name(peer[0], peer[1]), s.fileno())
     return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s, decline_shm), "server"))
 
 
-def drop(handle):
+def accept_late(fd):
+    """A handshake C planned at accept and cannot finish (shim/rs_answer.c): the engine
+    takes it over, on `fd`, a duplicate of the socket made for it.  What C found at accept
+    stands (the client's name was its own then, so a HELLO is on its way)."""
+    s = AppSocket(fd, dup=False)
+    return _new_handle(_handshakes, _Handshake(s, upgrade.Server(s), "server"))
+
+
+def drop(handle, detach=0):
+    """A handshake that ends without the engine: the socket was closed, or (detach) its
+    HELLO was answered in C, which closed the engine's descriptor already."""
     h = _handshakes.pop(handle, None)
-    if h is not None:
+    if h is not None and detach:
+        h.sock.detach()
+    elif h is not None:
         h.close()
 
 

@@ -20,29 +20,32 @@ Valkey/Redis RDMA protocol does it (the server answers with the subset it suppor
 """
 import struct
 
-MAGIC = b"\x89RDMSK\r\n"
-VERSION = 1
+from ._native import lib
+
+# The numbers are shim/rs_contract.h's (RS_HS_*): the server's shm answer is made in C too.
+MAGIC = lib.RS_HS_MAGIC.to_bytes(8, "big")
+VERSION = lib.RS_HS_VERSION
 MSG = struct.Struct(">8sHHIQII16sB3xIQ")
 MSG_LEN = MSG.size
-MAX_LEN = 4096
-assert MSG_LEN == 64
+MAX_LEN = lib.RS_HS_MAX_LEN
+assert MSG_LEN == lib.RS_HS_LEN
 
-OP_HELLO, OP_ACCEPT, OP_DECLINE = 1, 2, 3
-T_SHM, T_RDMA = 1, 2
+OP_HELLO, OP_ACCEPT, OP_DECLINE = lib.RS_HS_HELLO, lib.RS_HS_ACCEPT, lib.RS_HS_DECLINE
+T_SHM, T_RDMA = lib.RS_HS_T_SHM, lib.RS_HS_T_RDMA
 TRANSPORT_BITS = {"shm": T_SHM, "rdma": T_RDMA}
 
-F_SALTED_FOOTER = 1 << 0   # footer = hash(salt, seq, lenword)
-F_LAZY_CREDIT = 1 << 1     # credit returned every quarter ring
-F_INBAND_FIN = 1 << 2      # half-close travels as a FIN record
-F_SPIN_SKIP = 1 << 3       # consumer's spin_limit lets the producer skip doorbells
-F_PREAMBLE = 1 << 4        # client bytes before the answer travel as TCP frames, then SWITCH
-F_LAZY_SWITCH = 1 << 5     # optional: the client's SWITCH comes with its first records, TCP byte or read
-F_SPILL = 1 << 6           # optional: a full ring spills stream bytes to the socket (SPILL records, shm)
-F_FUTEX_WAKE = 1 << 7      # optional: a waiting shm receiver may be woken through a futex word
-F_EVENT_BELL = 1 << 8      # optional: shm receivers may be woken through an eventfd per direction
-F_QUIET_WAKE = 1 << 9      # optional: a shm receive that takes all that comes is woken without a byte
-REQUIRED = F_SALTED_FOOTER | F_LAZY_CREDIT | F_INBAND_FIN | F_SPIN_SKIP | F_PREAMBLE
-SUPPORTED = REQUIRED | F_LAZY_SWITCH | F_SPILL | F_FUTEX_WAKE | F_EVENT_BELL | F_QUIET_WAKE
+F_SALTED_FOOTER = lib.RS_HS_F_SALTED_FOOTER
+F_LAZY_CREDIT = lib.RS_HS_F_LAZY_CREDIT
+F_INBAND_FIN = lib.RS_HS_F_INBAND_FIN
+F_SPIN_SKIP = lib.RS_HS_F_SPIN_SKIP
+F_PREAMBLE = lib.RS_HS_F_PREAMBLE
+F_LAZY_SWITCH = lib.RS_HS_F_LAZY_SWITCH
+F_SPILL = lib.RS_HS_F_SPILL
+F_FUTEX_WAKE = lib.RS_HS_F_FUTEX_WAKE
+F_EVENT_BELL = lib.RS_HS_F_EVENT_BELL
+F_QUIET_WAKE = lib.RS_HS_F_QUIET_WAKE
+REQUIRED = lib.RS_HS_REQUIRED
+SUPPORTED = lib.RS_HS_SUPPORTED
 
 
 class HandshakeError(ConnectionError):

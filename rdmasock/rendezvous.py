@@ -30,8 +30,10 @@ import stat
 import struct
 
 from . import sockdiag
+from ._native import ffi, lib
 
-FD_TAG = b"RSKFD2"
+FD_TAG = ffi.string(lib.rs_fd_tag())   # shim/rs_answer.c passes the segment too
+
 CLIENT_BACKLOG = 4          # the server's connection, plus a few of anybody else's
 SCM_MAX_FD = 253            # the kernel's limit of descriptors in one message
 MAX_STRAY_MESSAGES = 64     # per stray connection, before it is closed
@@ -142,13 +144,23 @@ def client_status(peer, local):
         ",".join(map(str, names.values())), uid)
 
 
+def client_name(ip, port):
+    """The rendezvous name of the client at (ip, port), without the leading NUL."""
+    return _name("c", norm_ip(ip), port)
+
+
+def client_prefix():
+    """What every client name starts with: the rest is "<ip>/<port>" (shim/rs_answer.c)."""
+    return PREFIX + b"c/"
+
+
 def send_fd(client_ip, client_port, nonce, fds):
     """Server side: passes the segment descriptor (and the event bells, if any: fds is a
     list) to the client's name, with the HELLO's nonce.  Raises OSError if the name does
     not take the connection."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
     try:
-        s.connect(b"\0" + _name("c", norm_ip(client_ip), client_port))
+        s.connect(b"\0" + client_name(client_ip, client_port))
         s.shutdown(_socket.SHUT_RD)           # nothing is ever read from it
         rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]
         s.sendmsg([FD_TAG + nonce], rights, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL)

@@ -163,15 +163,44 @@ def server_plan(sock, local, peer):
     if "shm" not in cfg.transports and "rdma" not in cfg.transports:
         return "no_common_transport", None
     status, _detail = rendezvous.client_status(peer, local)
-    if status == "ok" or cfg.listed_peer(peer[0], local[1]):
+    if status == "ok":
         return None, None
     why = "peer_unverified" if status == "unverified" else "peer_not_rdmasock"
-    if _hello_waiting(sock):
-        # An rdmasock client whose name is gone (it closed the connection before we
-        # accepted it) or is not its own: its HELLO is answered, so that no handshake byte
-        # reaches the program; no segment goes to a name we cannot trust.
+    if cfg.listed_peer(peer[0], local[1]) or _hello_waiting(sock):
+        # A client on another host (RDMASOCK_PEERS: rdma only), or an rdmasock client whose
+        # name is gone (it closed the connection before we accepted it) or is not its own:
+        # its HELLO is answered, so that no handshake byte reaches the program; no segment
+        # goes to a name we cannot trust.
         return None, why
     return why, None
+
+
+def plan_answer(answer, name, engine_fd=-1):
+    """Lets C answer a HELLO that offers shm as _choose_shm would (shim/rs_answer.c): fills
+    the struct rs_answer with what this process offers and `name`, the client's verified
+    rendezvous name (engine_fd: our duplicate of its socket), or a listener's prefix of
+    them (rendezvous.client_prefix)."""
+    cfg = config.get()
+    if "shm" not in cfg.transports or len(name) > len(answer.name):
+        return
+    answer.engine_fd = engine_fd
+    answer.features = _features()
+    answer.spin_ns = max(0, cfg.spin_us) * 1000
+    answer.ring_log2 = min(cfg.ring_size.bit_length() - 1, 30)
+    answer.log_level = cfg.log_level
+    ffi.memmove(answer.name, name, len(name))
+    answer.name_len = len(name)
+
+
+def c_may_plan(sockname):
+    """May C plan the sockets a listener at sockname accepts (rs_answer_plan)?  Not where
+    server_plan would look at more than the client's name: remote peers listed, or address
+    filters that a wildcard listener's accepted sockets may or may not match."""
+    cfg = config.get()
+    if cfg.peers:
+        return False
+    wildcard = rendezvous.norm_ip(sockname[0]) == "*"
+    return not (wildcard and any(net is not None for net, _port in cfg.include + cfg.exclude))
 
 
 def _hello_waiting(sock):

@@ -46,8 +46,7 @@ static int budget_allows_two(void)
     return __atomic_load_n(&bells_held, __ATOMIC_RELAXED) + 2 <= nofile_soft() / 8;
 }
 
-/* fd moved to a number from half the soft limit up (kept where it is if none is free). */
-static int move_high(int fd)
+int rs_fd_move_high(int fd)
 {
     int high = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, (int)(nofile_soft() / 2));
     if (high < 0) return fd;
@@ -92,8 +91,8 @@ int rs_conn_set_bells(rs_conn *c, int own, int peer)
     if (!is_eventfd(own) || !is_eventfd(peer)) return -EBADF;
     if (!budget_allows_two()) return -EMFILE;
     __atomic_add_fetch(&bells_held, 2, __ATOMIC_RELAXED);
-    c->rx.bell_fd = move_high(own);
-    c->tx.bell_fd = move_high(peer);
+    c->rx.bell_fd = rs_fd_move_high(own);
+    c->tx.bell_fd = rs_fd_move_high(peer);
     return 0;
 }
 

@@ -317,6 +317,9 @@ int      rs_tx_arm_credit_locked(rs_conn *c);
 
 /* rs_bells.c: event bells (an eventfd per direction, shm) */
 #define RS_BELL_TAG 0x7273626c6c000000ull     /* epoll data of an event bell: "rsbll" */
+/* fd moved to a number in the upper half of the soft RLIMIT_NOFILE, close-on-exec (where
+ * programs that count on low numbers, select() for one, do not meet it); fd if it cannot be. */
+int      rs_fd_move_high(int fd);
 int      rs_bells_create(int fds[2]);
 int      rs_conn_set_bells(rs_conn *c, int own, int peer);
 int      rs_bell_raise(rs_conn *c);

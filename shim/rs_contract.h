@@ -1,6 +1,6 @@
 /* rs_contract.h - what C and Python agree on, defined once: step results of the control
- * plane, roles, transports, fallback reasons, configuration keys and the statistics record.  Python reads all
- * of it through cffi (rdmasock/_build_native.py declares this header's names); no number
+ * plane, roles, transports, handshake messages, fallback reasons, configuration keys and
+ * the statistics record.  Python reads all of it through cffi (rdmasock/_build_native.py declares this header's names); no number
  * or layout here is written down a second time anywhere. */
 #ifndef RS_CONTRACT_H
 #define RS_CONTRACT_H
@@ -19,6 +19,55 @@
 #define RS_TRANSPORT_TCP  0
 #define RS_TRANSPORT_SHM  1
 #define RS_TRANSPORT_RDMA 2
+
+/* Handshake messages (docs/PROTOCOL.md 2): a fixed 64-byte big-endian head, then an
+ * extension (RDMA parameters).  The server answers a shm HELLO in C (shim/rs_answer.c)
+ * and everything else in Python (rdmasock/handshake.py, upgrade.py). */
+#define RS_HS_MAGIC        0x8952444D534B0D0AULL   /* "\x89RDMSK\r\n", read big-endian */
+#define RS_HS_VERSION      1
+#define RS_HS_LEN          64      /* the head; also the whole message without an extension */
+#define RS_HS_MAX_LEN      4096
+#define RS_HS_HELLO        1
+#define RS_HS_ACCEPT       2
+#define RS_HS_DECLINE      3
+#define RS_HS_T_SHM        1
+#define RS_HS_T_RDMA       2
+#define RS_HS_F_SALTED_FOOTER (1u << 0)  /* footer = hash(salt, seq, lenword) */
+#define RS_HS_F_LAZY_CREDIT   (1u << 1)  /* credit returned every quarter ring */
+#define RS_HS_F_INBAND_FIN    (1u << 2)  /* half-close travels as a FIN record */
+#define RS_HS_F_SPIN_SKIP     (1u << 3)  /* consumer's spin_limit lets the producer skip doorbells */
+#define RS_HS_F_PREAMBLE      (1u << 4)  /* client bytes before the answer travel as TCP frames, then SWITCH */
+#define RS_HS_F_LAZY_SWITCH   (1u << 5)  /* optional: SWITCH comes with the client's first records, TCP byte or read */
+#define RS_HS_F_SPILL         (1u << 6)  /* optional: a full ring spills stream bytes to the socket (shm) */
+#define RS_HS_F_FUTEX_WAKE    (1u << 7)  /* optional: a waiting shm receiver may be woken through a futex word */
+#define RS_HS_F_EVENT_BELL    (1u << 8)  /* optional: shm receivers may be woken through an eventfd per direction */
+#define RS_HS_F_QUIET_WAKE    (1u << 9)  /* optional: a shm receive that takes all that comes is woken without a byte */
+#define RS_HS_REQUIRED (RS_HS_F_SALTED_FOOTER | RS_HS_F_LAZY_CREDIT | RS_HS_F_INBAND_FIN | RS_HS_F_SPIN_SKIP | \
+                        RS_HS_F_PREAMBLE)
+#define RS_HS_SUPPORTED (RS_HS_REQUIRED | RS_HS_F_LAZY_SWITCH | RS_HS_F_SPILL | RS_HS_F_FUTEX_WAKE | \
+                         RS_HS_F_EVENT_BELL | RS_HS_F_QUIET_WAKE)
+
+/* How a server answers a shm HELLO without the control plane (shim/rs_answer.c).  A
+ * forking server (a PostgreSQL postmaster) accepts in one process and reads the HELLO in
+ * a forked child; Python in either, after the fork, would write pages of the interpreter
+ * they share: megabytes per connection.  A listener keeps a template that the control
+ * plane filled at listen (rdmasock/engine.py listen: name = the prefix of client names),
+ * from which C plans an accepted socket (rs_answer_plan); where C cannot decide, the
+ * control plane plans it (engine.py accept) and fills one for it (name = the client's). */
+struct rs_answer {
+    int32_t  engine_fd;     /* the control plane's duplicate of the socket, -1: none (C planned) */
+    int32_t  link_fd;       /* C planned: a connection to the client's name (passes the segment) */
+    uint32_t features;      /* the handshake features this process offers (RS_HS_F_*) */
+    uint32_t spin_ns;       /* RDMASOCK_SPIN_US */
+    uint8_t  ring_log2;     /* the largest ring this process grants (RDMASOCK_RING_SIZE) */
+    uint8_t  log_level;     /* RDMASOCK_LOG_LEVEL: 2 (info) logs the connection, 3 the bells */
+    int16_t  bells_err;     /* answered: why it has no event bells (-errno), 0: it has them or */
+    uint8_t  bells_kept;    /*   the client did not ask; kept: 0 not made, 1 made, not kept */
+    uint8_t  name_len;      /* the client's rendezvous name (an abstract UNIX name without its */
+    char     name[107];     /* leading NUL, rdmasock/rendezvous.py), or a listener's prefix */
+};
+/* The tag in front of the nonce in the rendezvous message that passes the segment. */
+const char *rs_fd_tag(void);
 
 /* Fallback reasons: code, name, meaning.  The codes travel in DECLINE messages
  * (docs/PROTOCOL.md 2.11), the names in logs, `rdmasock stat` and fallback_reason. */

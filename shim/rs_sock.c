@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <linux/net_tstamp.h>
 #include "rs_sock.h"
+#include "rs_answer.h"
 #include "rs_sys.h"
 
 const struct rs_host_ops *rs_host;
@@ -134,6 +135,13 @@ static int abortive_close(struct rs_sock *s)
     return rs_rx_available(s->conn) > 0;
 }
 
+static void forget_answer(struct rs_sock *s)
+{
+    if (s->answer && s->answer->link_fd >= 0) syscall(SYS_close, s->answer->link_fd);
+    free(s->answer);
+    s->answer = NULL;
+}
+
 /* The last reference is gone: nobody can reach the object any more. */
 static void destroy(struct rs_sock *s)
 {
@@ -164,12 +172,16 @@ static void destroy(struct rs_sock *s)
         if (rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;
     case RS_SERVER_HS:
-        if (rs_host && rs_host->drop) rs_host->drop(s->handle);
+        /* A forking server closes its copy at once: without entering the control plane,
+         * whose writes would unshare the child's copies of its pages. */
+        if (s->answer && rs_host && rs_host->answer_done) rs_host->answer_done(s->handle, -1, s->answer);
+        else if (s->handle && rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;
     case RS_LISTEN:
         if (rs_host && rs_host->unlisten) rs_host->unlisten(s->handle);
         break;
     }
+    forget_answer(s);
     if (rs_host && rs_host->stat_close) rs_host->stat_close(s->stat);   /* after the rings are gone */
     if (s->own_fd) syscall(SYS_close, s->fd);
     s->conn = NULL;
@@ -310,7 +322,18 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
     st = s->state;
     if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
         uintptr_t out[2] = { 0, 0 };
-        int res = rs_host->step(s->handle, wait_ms, out);
+        int res = RS_ANSWER_DEFER;
+        if (st == RS_SERVER_HS && s->answer && rs_host->answer_done) {
+            res = rs_answer_shm(s->answer, s->fd, wait_ms, out);
+            if (res == RS_STEP_RING) rs_host->answer_done(s->handle, s->fd, s->answer);
+            if (res != RS_STEP_PENDING) forget_answer(s);   /* answered, or the control plane's from now on */
+        }
+        if (res == RS_ANSWER_DEFER && !s->handle) {
+            int h = rs_host->accept_late ? rs_host->accept_late(s->fd) : 0;
+            if (h > 0) s->handle = h;
+            else res = RS_STEP_TCP, out[1] = (uintptr_t)-h;
+        }
+        if (res == RS_ANSWER_DEFER) res = rs_host->step(s->handle, wait_ms, out);
         s->role = (uint8_t)roles[st];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING) s->reason = (uint16_t)out[1];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {

@@ -45,6 +45,13 @@ struct rs_host_ops {
     void (*unlisten)(int handle);                             /* a listener's registration */
     void (*release)(rs_conn *c);                              /* before an rdma conn is freed */
     void (*fell_back)(int fd, int role, rs_conn *c);          /* rdma went on over TCP: log it */
+    /* A handshake that could be answered in C (rs_answer.c) is over without the control
+     * plane: answered on fd (logged), or fd -1, closed before.  Closes a->engine_fd; the
+     * control plane forgets the handshake later, without touching that descriptor. */
+    void (*answer_done)(int handle, int fd, const struct rs_answer *a);
+    /* A handshake C planned at accept (handle 0) that C cannot finish: the control plane
+     * takes it over.  Its handle, or <= 0 (plain TCP, -reason). */
+    int  (*accept_late)(int fd);
     struct rs_stat_slot *(*stat_open)(int fd, int role, int transport, int reason);
     void (*stat_close)(struct rs_stat_slot *slot);
 };
@@ -56,7 +63,8 @@ struct rs_sock {
                                * not told (a vfork child's dup2 before exec) */
     int      state;           /* enum rs_state; published with release stores */
     int      err;             /* BROKEN: positive errno */
-    int      handle;          /* control-plane handle (CLIENT_HS, SERVER_HS, LISTEN) */
+    int      handle;          /* control-plane handle (CLIENT_HS, SERVER_HS, LISTEN); 0 for a
+                               * SERVER_HS that C planned (rs_answer_plan) */
     uint8_t  role;            /* RS_ROLE_CLIENT / RS_ROLE_SERVER once known */
     uint8_t  nonblock;        /* O_NONBLOCK as the application set it */
     uint8_t  forked;          /* a fork happened while it existed: another process may hold it */
@@ -81,6 +89,8 @@ struct rs_sock {
     int      nfds, capfds;    /* the application's numbers that refer here */
     int     *fds;
     rs_conn *conn;            /* RING, PRE_RX */
+    struct rs_answer *answer; /* SERVER_HS: the HELLO may be answered in C; LISTEN: the template
+                               * of its accepted sockets' (rs_answer.c; malloc'd, ours) */
     struct rs_stat_slot *stat;
     uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;

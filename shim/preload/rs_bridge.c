@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/syscall.h>
@@ -22,12 +23,14 @@ __thread int rs_in_engine;
 static struct {
     int (*boot)(const char *exe, const char *root, char *why, int whylen);
     int (*status)(char *why, int whylen);
-    int (*listen)(int, int *);           /* a listener's handle, and its rendezvous name's descriptor */
+    int (*listen)(int, int *, uintptr_t);   /* a listener's handle, its rendezvous name's descriptor, and
+                                             * the template of its accepted sockets (struct rs_answer) */
     void (*unlisten)(int, int);
     int (*connect_plan)(int, const void *, int);
     void (*hello)(int);
-    int (*accept)(int, int);
-    void (*drop)(int);
+    int (*accept)(int, int, uintptr_t);  /* and how the HELLO may be answered in C (struct rs_answer) */
+    int (*accept_late)(int);             /* on a duplicate the engine owns */
+    void (*drop)(int, int);              /* a handshake nobody finishes; 1: its descriptor is closed already */
     void (*plain)(int, int);
     int (*step)(int, int, uintptr_t *);  /* out[0] conn, out[1] reason code */
     void (*release)(uintptr_t);          /* before rs_conn_free of an rdma connection */
@@ -40,17 +43,29 @@ static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rs_pyworld world;  /* large: not on a hooked call's stack */
 
 /* A line straight to the log file the user asked for (never stdout/stderr), where the
- * engine cannot write it: it is unusable, or the caller may not enter it (a vfork child). */
+ * engine cannot write it: it is unusable, the caller may not enter it (a vfork child), or
+ * the work was done without it (rs_answer.c).  The time is local, as the engine writes it. */
+static char log_path[PATH_MAX];
+static int log_path_kept;
+
+/* The engine reads its configuration once, when it loads; so does this file: a program
+ * may clear its environment later (nginx's workers), and both write to the same log. */
+static void keep_log_path(void)
+{
+    snprintf(log_path, sizeof log_path, "%s", rs_config_get(RS_CFG_LOG_FILE));
+    __atomic_store_n(&log_path_kept, 1, __ATOMIC_RELEASE);
+}
+
 void rs_log_direct(const char *text)
 {
-    const char *path = rs_config_get(RS_CFG_LOG_FILE);
+    const char *path = __atomic_load_n(&log_path_kept, __ATOMIC_ACQUIRE) ? log_path : rs_config_get(RS_CFG_LOG_FILE);
     if (!*path) return;
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600);
     if (fd < 0) return;
     char line[4096];
     time_t t = time(NULL);
     struct tm tm;
-    gmtime_r(&t, &tm);
+    localtime_r(&t, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d pid=%d %s\n",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), text);
     if (n >= (int)sizeof line) { line[sizeof line - 2] = '\n'; n = (int)sizeof line - 1; }
@@ -102,10 +117,12 @@ static int engine_load(void)
 #define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
     SYM(boot, "rse_boot"); SYM(status, "rse_status"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
     SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
+    SYM(accept_late, "rse_accept_late");
     SYM(drop, "rse_drop"); SYM(step, "rse_step"); SYM(plain, "rse_plain");
     SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back"); SYM(fork_settle, "rse_fork_settle");
     SYM(fork_pending, "rse_fork_pending");
     if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
+        !eng.accept_late ||
         !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back || !eng.fork_settle ||
         !eng.fork_pending) {
         snprintf(why, sizeof why, "engine_incomplete: %.1900s lacks an rse_* entry point (a mismatched build)", path);
@@ -166,8 +183,28 @@ static void name_forget(int handle)
     pthread_mutex_unlock(&names_lock);
 }
 
+/* Handshakes answered in C (rs_answer.c): their descriptors are closed already, and the
+ * engine forgets them at its next entry, so a forked child that never enters it never
+ * has to.  Where an entry does not fit, the engine forgets it at once. */
+#define MAX_ANSWERED 64
+static int answered[MAX_ANSWERED];
+static pthread_mutex_t answered_lock = PTHREAD_MUTEX_INITIALIZER;
+static int answered_any;
+
+static int answered_note(int handle)
+{
+    int done = 0;
+    pthread_mutex_lock(&answered_lock);
+    for (int i = 0; i < MAX_ANSWERED && !done; i++)
+        if (!answered[i]) { answered[i] = handle; done = 1; }
+    if (done) __atomic_store_n(&answered_any, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&answered_lock);
+    return done;
+}
+
 /* The engine may be entered from this thread (rse_boot.c: rse_fork_settle).  Names a child
- * closed before are forgotten by the engine now (their descriptors are closed already). */
+ * closed before, and handshakes answered in C, are forgotten by the engine now (their
+ * descriptors are closed already). */
 static int fork_settled(void)
 {
     int e = errno, was = rs_in_engine;
@@ -179,6 +216,13 @@ static int fork_settled(void)
         for (int i = 0; i < MAX_NAMES; i++)
             if (names[i].handle && names[i].closed) { eng.unlisten(names[i].handle, 1); names[i].handle = 0; }
         pthread_mutex_unlock(&names_lock);
+    }
+    if (r == 0 && __atomic_load_n(&answered_any, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&answered_lock);
+        __atomic_store_n(&answered_any, 0, __ATOMIC_RELAXED);
+        for (int i = 0; i < MAX_ANSWERED; i++)
+            if (answered[i]) { eng.drop(answered[i], 1); answered[i] = 0; }
+        pthread_mutex_unlock(&answered_lock);
     }
     rs_in_engine = was;
     errno = e;
@@ -201,7 +245,10 @@ int rs_engine_ready(void)
     }
     /* Other threads read eng_state without the lock: it changes once, from 0 to the
      * outcome (a thread that sees 0 waits here for the load to end). */
-    if (!eng_state) __atomic_store_n(&eng_state, engine_load() ? 1 : -1, __ATOMIC_RELEASE);
+    if (!eng_state) {
+        keep_log_path();
+        __atomic_store_n(&eng_state, engine_load() ? 1 : -1, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&eng_lock);
     rs_in_engine = 0;
     errno = e;
@@ -223,10 +270,10 @@ RS_EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*f
 
 #define CALL(expr) do { int e_ = errno; rs_in_engine = 1; expr; rs_in_engine = 0; errno = e_; } while (0)
 
-int rs_br_listen(int fd)
+int rs_br_listen(int fd, struct rs_answer *tpl)
 {
     int r = 0, name = -1;
-    if (rs_engine_ready()) CALL(r = eng.listen(fd, &name));
+    if (rs_engine_ready()) CALL(r = eng.listen(fd, &name, (uintptr_t)tpl));
     if (r > 0 && name >= 0) name_note(r, name);
     return r;
 }
@@ -237,8 +284,13 @@ int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
     return r;
 }
 void rs_br_hello(int handle) { if (rs_engine_loaded()) CALL(eng.hello(handle)); }
-int rs_br_accept(int lfd, int fd) { int r = 0; if (rs_engine_ready()) CALL(r = eng.accept(lfd, fd)); return r; }
-void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle)); }
+int rs_br_accept(int lfd, int fd, struct rs_answer *answer)
+{
+    int r = 0;
+    if (rs_engine_ready()) CALL(r = eng.accept(lfd, fd, (uintptr_t)answer));
+    return r;
+}
+void rs_br_drop(int handle) { if (rs_engine_loaded()) CALL(eng.drop(handle, 0)); }
 void rs_br_plain(int fd, int reason) { if (rs_engine_loaded()) CALL(eng.plain(fd, reason)); }
 
 /* ---- what the socket object (shim/rs_sock.c) asks of this host ---------------------- */
@@ -263,13 +315,64 @@ static void host_fell_back(int fd, int role, rs_conn *c)
     if (rs_engine_loaded()) CALL(eng.fell_back(fd, role, (uintptr_t)c));
 }
 
+/* "ip:port" or "[ip6]:port", as the engine writes addresses; "-" if unknown. */
+static void addr_text(const struct sockaddr_storage *sa, socklen_t len, char *out, size_t n)
+{
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo((const struct sockaddr *)sa, len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV)) { snprintf(out, n, "-"); return; }
+    snprintf(out, n, sa->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+}
+
+void rs_log_connection(int fd, const char *role, const char *what)
+{
+    struct sockaddr_storage l, p;
+    socklen_t ll = sizeof l, pl = sizeof p;
+    char local[NI_MAXHOST + 16] = "-", peer[NI_MAXHOST + 16] = "-", text[2 * NI_MAXHOST + 256];
+    if (syscall(SYS_getsockname, fd, &l, &ll) == 0) addr_text(&l, ll, local, sizeof local);
+    if (syscall(SYS_getpeername, fd, &p, &pl) == 0) addr_text(&p, pl, peer, sizeof peer);
+    snprintf(text, sizeof text, "role=%s local=%s peer=%s %s", role, local, peer, what);
+    rs_log_direct(text);
+}
+
+static void host_answer_done(int handle, int fd, const struct rs_answer *a)
+{
+    if (a->engine_fd >= 0) syscall(SYS_close, a->engine_fd);
+    if (fd >= 0 && a->log_level >= 2)      /* info: the line engine.py writes for each connection */
+        rs_log_connection(fd, "server", "transport=shm");
+    if (fd >= 0 && a->bells_err && a->log_level >= 3) {      /* debug, as upgrade.py says it */
+        char text[256];
+        snprintf(text, sizeof text, "event bells not %s (doorbell bytes instead): %s", a->bells_kept ? "kept" : "made",
+                 strerror(-a->bells_err));
+        rs_log_direct(text);
+    }
+    if (handle > 0 && !answered_note(handle) && rs_engine_loaded()) CALL(eng.drop(handle, 1));
+}
+
+/* The engine works on a duplicate of its own, made here, past the hooks: the caller holds
+ * the socket's lock, which the dup hook's bookkeeping would take. */
+static int host_accept_late(int fd)
+{
+    if (!rs_engine_ready()) return 0;
+    int dup = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) return 0;
+    int r = 0;
+    CALL(r = eng.accept_late(dup));
+    return r;
+}
+
 static const struct rs_host_ops preload_host = {
     .step = host_step, .drop = rs_br_drop, .unlisten = host_unlisten, .release = host_release,
-    .fell_back = host_fell_back, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
+    .fell_back = host_fell_back, .answer_done = host_answer_done, .accept_late = host_accept_late, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
 };
 
-/* A thread that held the lock of the names at the fork does not exist in the child. */
-static void names_after_fork(void) { pthread_mutex_init(&names_lock, NULL); }
+/* A thread that held the lock of the names (or of the answered handshakes) at the fork
+ * does not exist in the child. */
+static void names_after_fork(void)
+{
+    pthread_mutex_init(&names_lock, NULL);
+    pthread_mutex_init(&answered_lock, NULL);
+}
 
 __attribute__((constructor)) static void bridge_init(void)
 {

@@ -1,10 +1,12 @@
 /* rs_hooks_sock.c - socket set-up and descriptor calls: which sockets are candidates for an
  * upgrade, and keeping the descriptor table true across dup, close, fcntl and fork. */
 #include "rs_preload.h"
+#include "../rs_answer.h"
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -93,12 +95,21 @@ RS_EXPORT int listen(int fd, int backlog)
     int r = rs_real.listen(fd, backlog);
     if (r != 0 || PASS || rs_is_tracked(fd) || !is_inet_stream(fd)) return r;
     int e = errno;
-    int handle = rs_br_listen(fd);
+    struct rs_answer *tpl = rs_answer_new();
+    int handle = rs_br_listen(fd, tpl);
     if (handle > 0) {
         struct rs_sock *s = rs_track(fd, RS_LISTEN);
-        if (s) { s->handle = handle; rs_sock_put(s); }
-        else rs_br_drop(handle);
+        if (s) {
+            pthread_mutex_lock(&s->lock);
+            s->handle = handle;
+            if (tpl && tpl->name_len) { s->answer = tpl; tpl = NULL; }
+            pthread_mutex_unlock(&s->lock);
+            rs_sock_put(s);
+        } else {
+            rs_br_drop(handle);
+        }
     }
+    free(tpl);
     errno = e;
     return 0;
 }
@@ -117,20 +128,49 @@ static int after_accept(int lfd, int fd)
     return fd;
 }
 
+/* What the listener's template (rs_answer.c) lets C decide about fd, without the engine:
+ * RS_PLAN_HANDSHAKE (*a filled), RS_PLAN_PLAIN or RS_PLAN_ASK. */
+static int plan_from_listener(int lfd, int fd, struct rs_answer *a)
+{
+    struct rs_sock *ls = lfd >= 0 ? rs_sock_of(lfd) : NULL;
+    if (!ls) return RS_PLAN_ASK;
+    struct rs_answer tpl;
+    pthread_mutex_lock(&ls->lock);
+    int have = ls->state == RS_LISTEN && ls->answer;
+    if (have) tpl = *ls->answer;
+    pthread_mutex_unlock(&ls->lock);
+    rs_sock_put(ls);
+    int plan = have ? rs_answer_plan(&tpl, fd, a) : RS_PLAN_ASK;
+    if (plan == RS_PLAN_PLAIN && tpl.log_level >= 2) rs_log_connection(fd, "server", "transport=tcp reason=peer_not_rdmasock");
+    return plan;
+}
+
 /* fd was accepted by a listener of ours (lfd; -1: by the program this one was exec'd
  * from, rs_hooks_exec.c): a HELLO may follow. */
 void rs_adopt_accepted(int lfd, int fd)
 {
     rs_ep_fd_fresh(fd);
     rs_untrack(fd);                                  /* a reused number: forget it */
-    int handle = rs_br_accept(lfd, fd);
-    if (handle > 0) {
+    struct rs_answer *answer = rs_answer_new();
+    int plan = answer ? plan_from_listener(lfd, fd, answer) : RS_PLAN_ASK;
+    int handle = plan == RS_PLAN_ASK ? rs_br_accept(lfd, fd, answer) : plan == RS_PLAN_PLAIN ? -RS_REASON_PEER_NOT_RDMASOCK : 0;
+    if (handle > 0 || plan == RS_PLAN_HANDSHAKE) {
         struct rs_sock *s = rs_track(fd, RS_SERVER_HS);
-        if (s) { s->handle = handle; s->role = RS_ROLE_SERVER; rs_sock_put(s); }
-        else rs_br_drop(handle);
+        if (s) {
+            pthread_mutex_lock(&s->lock);
+            s->handle = handle;
+            s->role = RS_ROLE_SERVER;
+            if (answer && answer->name_len) { s->answer = answer; answer = NULL; }
+            pthread_mutex_unlock(&s->lock);
+            rs_sock_put(s);
+        } else if (handle > 0) {
+            rs_br_drop(handle);
+        }
     } else if (handle < 0) {
         track_plain(fd, RS_ROLE_SERVER, -handle);
     }
+    if (answer && answer->link_fd >= 0) syscall(SYS_close, answer->link_fd);
+    free(answer);
 }
 
 RS_EXPORT int accept(int lfd, struct sockaddr *sa, socklen_t *len)

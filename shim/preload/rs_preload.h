@@ -121,13 +121,17 @@ int rs_pyworld_find(struct rs_pyworld *w, char *why, size_t whylen);
 extern __thread int rs_in_engine;
 int  rs_engine_ready(void);        /* loads and starts the engine once; 0 if unusable */
 int  rs_engine_loaded(void);
-int  rs_br_listen(int fd);         /* > 0: a handle for rs_sock (RS_LISTEN) */
+/* > 0: a handle for rs_sock (RS_LISTEN); *tpl filled if C may plan its accepted sockets */
+int  rs_br_listen(int fd, struct rs_answer *tpl);
 int  rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len);
 void rs_br_hello(int handle);
-int  rs_br_accept(int lfd, int fd);
+/* The control plane fills *answer if the HELLO may be answered in C (struct rs_answer). */
+int  rs_br_accept(int lfd, int fd, struct rs_answer *answer);
 void rs_br_drop(int handle);
 void rs_br_plain(int fd, int reason);
 void rs_log_direct(const char *text);     /* "TIME pid=N text" to RDMASOCK_LOG_FILE, from C */
+/* "role=ROLE local=A peer=B WHAT", the engine's connection line, from C */
+void rs_log_connection(int fd, const char *role, const char *what);
 
 /* ---- rs_ready.c ------------------------------------------------------------------ */
 struct rs_sock *rs_ring_sock(int fd);      /* upgraded, ring answers readiness: referenced */

@@ -5,9 +5,13 @@
  *             dirty memory (a fork must not copy the interpreter's pages into it);
  *   threaded  a child whose first socket is made by a thread it started;
  *   nested    a child that forks again first; the grandchild connects;
- *   direct    a child that connects from the thread that forked (a PostgreSQL backend).
- * Each connecting child sends "ping" and expects "pong" from the parent.  Output lines:
- * "idle_private_dirty_kib N", "child NAME ok", then "done".  Exit 0 if all went well.
+ *   direct    a child that connects from the thread that forked;
+ *   backend   the parent accepts, and a child it forks then serves the connection (a
+ *             PostgreSQL postmaster and its backend): it reports its private dirty memory
+ *             after the exchange (the HELLO is answered without Python, shim/rs_answer.c).
+ * Each connecting child sends "ping" and expects "pong" from its server.  Output lines:
+ * "idle_private_dirty_kib N", "child NAME ok" for the first three, "backend_private_dirty_kib
+ * N", "child backend ok", then "done".  Exit 0 if all went well.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -72,6 +76,50 @@ static long private_dirty_kib(pid_t pid)
     return kib;
 }
 
+/* Reads "ping" from fd and answers "pong"; 0 if that went well. */
+static int serve(int fd)
+{
+    char buf[4];
+    size_t got = 0;
+    while (fd >= 0 && got < 4) {
+        ssize_t r = read(fd, buf + got, 4 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (got != 4 || memcmp(buf, "ping", 4)) return -1;
+    return write(fd, "pong", 4) == 4 ? 0 : -1;
+}
+
+/* The backend case: returns 0 if client and server child both did their part. */
+static int backend(int lfd)
+{
+    int rep[2];
+    if (pipe(rep) < 0) return -1;
+    pid_t cli = fork();
+    if (cli == 0) { close(lfd); _exit(exchange() ? 1 : 0); }
+    int fd = accept(lfd, NULL, NULL);
+    pid_t srv = fork();
+    if (srv == 0) {
+        close(lfd);
+        close(rep[0]);
+        long kib = serve(fd) ? -1 : private_dirty_kib(getpid());
+        ssize_t w = write(rep[1], &kib, sizeof kib);
+        (void)w;
+        _exit(kib < 0);
+    }
+    if (fd >= 0) close(fd);                 /* at once, as a postmaster does */
+    close(rep[1]);
+    long kib = -1;
+    if (read(rep[0], &kib, sizeof kib) != sizeof kib) kib = -1;
+    close(rep[0]);
+    int st1, st2;
+    int ok = waitpid(srv, &st1, 0) == srv && WIFEXITED(st1) && WEXITSTATUS(st1) == 0;
+    ok &= waitpid(cli, &st2, 0) == cli && WIFEXITED(st2) && WEXITSTATUS(st2) == 0;
+    printf("backend_private_dirty_kib %ld\nchild backend %s\n", kib, ok ? "ok" : "failed");
+    fflush(stdout);
+    return ok ? 0 : -1;
+}
+
 int main(void)
 {
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -99,14 +147,7 @@ int main(void)
         pid_t c = fork();
         if (c == 0) { close(lfd); _exit(run_child(kinds[i]) ? 1 : 0); }
         int fd = accept(lfd, NULL, NULL);
-        char buf[4];
-        size_t got = 0;
-        while (fd >= 0 && got < 4) {
-            ssize_t r = read(fd, buf + got, 4 - got);
-            if (r <= 0) break;
-            got += (size_t)r;
-        }
-        if (got == 4 && !memcmp(buf, "ping", 4)) { ssize_t w = write(fd, "pong", 4); (void)w; }
+        serve(fd);
         int st;
         int ok = waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0;
         if (fd >= 0) close(fd);
@@ -114,6 +155,7 @@ int main(void)
         fflush(stdout);
         fails += !ok;
     }
+    fails += backend(lfd) != 0;
     printf("done\n");
     return fails ? 1 : 0;
 }
