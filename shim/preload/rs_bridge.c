@@ -134,6 +134,28 @@ static int engine_load(void)
     return 1;
 }
 
+static void *engine_load_thread(void *arg)
+{
+    rs_in_engine = 1;
+    *(int *)arg = engine_load();
+    return NULL;
+}
+
+/* Under eng_lock.  In a program that is not Python, the engine starts in a thread of its
+ * own: glibc gives that thread its own malloc arena, so the interpreter's long-lived
+ * objects stay out of the program's heap.  A forking server's children then allocate
+ * among their own heap pages, not into free chunks between the interpreter's, which
+ * would copy those shared pages into each child (PostgreSQL backends: ~0.4 MiB each). */
+static int engine_load_apart(void)
+{
+    if (dlsym(RTLD_DEFAULT, "Py_GetVersion")) return engine_load();   /* a Python host: its GIL, its thread */
+    pthread_t t;
+    int ok = 0;
+    if (pthread_create(&t, NULL, engine_load_thread, &ok) != 0) return engine_load();
+    pthread_join(t, NULL);
+    return ok;
+}
+
 static int host_holds_gil(void)
 {
     int (*initialized)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
@@ -247,7 +269,7 @@ int rs_engine_ready(void)
      * outcome (a thread that sees 0 waits here for the load to end). */
     if (!eng_state) {
         keep_log_path();
-        __atomic_store_n(&eng_state, engine_load() ? 1 : -1, __ATOMIC_RELEASE);
+        __atomic_store_n(&eng_state, engine_load_apart() ? 1 : -1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&eng_lock);
     rs_in_engine = 0;
