@@ -151,6 +151,79 @@ def test_garbage_handshake_clear_error_bounded(payload, reason, monkeypatch):
         x.close()
 
 
+PRELOADED_SERVER = """
+import errno, socket
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+s, _ = srv.accept()
+try:
+    print("data", s.recv(10), flush=True)
+except OSError as e:
+    print("error", errno.errorcode.get(e.errno), flush=True)
+"""
+
+
+def _preloaded_server(tmp_path, extra_env=None):
+    (tmp_path / "srv.py").write_text(PRELOADED_SERVER)
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"), **(extra_env or {}))
+    srv = subprocess.Popen([sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3", str(tmp_path / "srv.py")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return srv, int(srv.stdout.readline())
+
+
+@pytest.mark.parametrize("payload,reason", [
+    (hs.MAGIC + b"\x00\x01\x00\x01\xff\xff\xff\xff" + b"\0" * 48, "handshake_garbage"),   # oversized
+    (hs.MAGIC + b"\x00\x01\x00\x07\x00\x00\x00\x40" + b"\0" * 48, "handshake_garbage"),   # bad opcode
+    (hs.MAGIC + b"\x00\x00\x00\x01\x00\x00\x00\x40" + b"\0" * 48, "handshake_garbage"),   # version 0
+    (hs.MAGIC + b"\x00\x01", "handshake_timeout"),                                        # truncated
+])
+def test_garbage_handshake_to_a_preloaded_server(payload, reason, tmp_path):
+    """The same bad HELLOs to a preloaded server, whose C side plans the connection at
+    accept (shim/rs_answer.c) and hands what it cannot answer to the control plane: the
+    program's read fails with EPROTO, in bounded time, and the log says why."""
+    srv, port = _preloaded_server(tmp_path, {"RDMASOCK_HANDSHAKE_TIMEOUT": "1"})
+    try:
+        c, marker = _fake_rdmasock_client(port, payload)
+        out, err = srv.communicate(timeout=20)
+        assert out.split("\n")[0] == "error EPROTO" and err == "", (out, err)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    c.close()
+    marker.close()
+    assert "role=server" in open(tmp_path / "log").read() and "reason=%s" % reason in open(tmp_path / "log").read()
+
+
+def test_hostile_hello_gets_a_bounded_answer_from_c(tmp_path):
+    """A HELLO that offers everything: every feature bit, every transport, ring 2^255, a
+    future version.  The C answer grants only what the server speaks, its own ring size
+    (2^18 by default), shm, and passes a segment of that size with our nonce."""
+    from rdmasock import transport_shm
+    srv, port = _preloaded_server(tmp_path)
+    try:
+        nonce = os.urandom(16)
+        hello = hs.Message(hs.OP_HELLO, features=(1 << 64) - 1, transports=(1 << 32) - 1, nonce=nonce,
+                           ring_log2=255, version=7).pack()
+        c, marker = _fake_rdmasock_client(port, hello)
+        c.settimeout(10)
+        reply = hs.parse(recv_exact(c, hs.MSG_LEN), (hs.OP_ACCEPT,))
+        assert (reply.transports, reply.ring_log2, reply.nonce) == (hs.T_SHM, 18, nonce)
+        assert reply.features == hs.SUPPORTED and reply.version == hs.VERSION
+        fds = rendezvous.recv_fd(marker, nonce)
+        assert fds is not None and len(fds) == 3                  # the segment and both event bells
+        assert os.fstat(fds[0]).st_size == transport_shm.segment_bytes(1 << 18)
+        for fd in fds:
+            os.close(fd)
+        c.close()
+        marker.close()
+        out, err = srv.communicate(timeout=20)
+        assert out.split("\n")[0] in ("data b''", "error ECONNRESET") and err == "", (out, err)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert "role=server" in open(tmp_path / "log").read()
+
+
 def test_non_handshake_bytes_from_registered_client_stay_tcp():
     srv = rdmasock.create_server(("127.0.0.1", 0))
     c, marker = _fake_rdmasock_client(srv.getsockname()[1], b"GET / HTTP/1.0\r\n\r\n")
