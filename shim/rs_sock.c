@@ -312,6 +312,17 @@ static void shut_pending_now(struct rs_sock *s)
     }
 }
 
+/* The handshake failed (caller holds lock): every call reports err from now on.  The
+ * kernel socket is shut down for reading, so that any wait on it (poll, select, epoll,
+ * in this thread or another) wakes and the program's next call sees the error: a failed
+ * handshake may have discarded the bytes the wait was woken for. */
+static void set_broken(struct rs_sock *s, int err)
+{
+    s->err = err;
+    __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
+    syscall(SYS_shutdown, s->fd, SHUT_RD);
+}
+
 int rs_sock_step(struct rs_sock *s, int wait_ms)
 {
     int st = rs_sock_state(s);
@@ -341,8 +352,7 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
             s->stat = rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]);
         }
         if (res < 0) {
-            s->err = -res;
-            __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
+            set_broken(s, -res);
         } else if (res == RS_STEP_RING) {
             adopt_ring(s, (rs_conn *)out[0]);
             __atomic_store_n(&s->state, RS_RING, __ATOMIC_RELEASE);
@@ -412,9 +422,12 @@ static int prepare(struct rs_sock *s, int for_write, int timeout)
         if (for_write && timeout > 0 && timeout < wait) wait = timeout;
         if (rs_sock_step(s, wait)) return rs_sock_state(s);
         if (for_write && wait == RS_HS_WRITE_WAIT_MS) {
-            s->err = ETIMEDOUT;
-            s->reason = RS_REASON_HANDSHAKE_TIMEOUT;
-            __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
+            pthread_mutex_lock(&s->lock);
+            if (s->state == RS_SERVER_HS) {
+                s->reason = RS_REASON_HANDSHAKE_TIMEOUT;
+                set_broken(s, ETIMEDOUT);
+            }
+            pthread_mutex_unlock(&s->lock);
             return -ETIMEDOUT;
         }
         return -EAGAIN;

@@ -34,7 +34,7 @@ enum rs_state {
     RS_SERVER_HS,     /* server: accepted from an rdmasock client, HELLO not yet read */
     RS_RING,          /* upgraded: data through conn */
     RS_PRE_RX,        /* server declined: unwrap the client's preamble frames, then plain */
-    RS_BROKEN,        /* handshake failed: I/O reports err */
+    RS_BROKEN,        /* handshake failed: I/O reports err (the kernel socket is shut for reading) */
 };
 
 /* What the host offers: the control plane (rdmasock/engine.py, reached through the
