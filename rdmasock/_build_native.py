@@ -215,6 +215,7 @@ int rs_ring_memory_reserve(size_t n);
 void rs_ring_memory_release(size_t n);
 uint64_t rs_ring_memory_in_use(void);
 #define RS_DIAG_NO_UID ...
+int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const uint8_t dst[16], uint16_t dport);
 int rs_diag_unix_scan(const uint8_t *buf, size_t len, const uint8_t *names, const uint32_t *lens, int n,
                       int64_t *uids);
 """

@@ -4,8 +4,9 @@ The rendezvous (rendezvous.py) proves that the process on the other end of an ab
 UNIX socket is the one on the other end of the TCP connection, by comparing the UNIX
 peer's SO_PEERCRED uid with the uid of the TCP socket.  That uid comes from the kernel's
 sock_diag interface (netlink, the interface `ss` uses): one exact lookup by address and
-port, which any user may make, like reading /proc/net/tcp.  /proc/net/tcp{,6} is the
-fallback where netlink is unavailable."""
+port (shim/rs_diag.c), which any user may make, like reading /proc/net/tcp.  The
+listeners of a port are a dump, read here.  /proc/net/tcp{,6} is the fallback where
+netlink is unavailable."""
 import errno
 import ipaddress
 import os
@@ -45,15 +46,14 @@ def _raw(ip):
     return socket.AF_INET6, a.packed
 
 
-def _request(family, states, sport, dport, src, dst, dump):
-    body = (REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0, states) + SOCKID.pack(sport, dport, src, dst)
+def _dump_request(family, states):
+    body = (REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0, states) + SOCKID.pack(0, 0, b"\0" * 16, b"\0" * 16)
             + REQ_TAIL.pack(0, NOCOOKIE, NOCOOKIE))
-    flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
-    return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, 1, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
 
 
-def _query(req, dump):
-    """[(state, sport, dport, src16, dst16, uid, inode)] answered by the kernel."""
+def _query(req):
+    """[(state, sport, dport, src16, dst16, uid, inode)] of the kernel's dump."""
     out = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
         s.settimeout(TIMEOUT)
@@ -73,8 +73,6 @@ def _query(req, dump):
                     code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else errno.EIO
                     if code == 0:
                         return out
-                    if code == errno.ENOENT:
-                        return out                   # no such socket
                     raise OSError(code, "sock_diag: %s" % os.strerror(code))
                 if mtype != SOCK_DIAG_BY_FAMILY or len(body) < MSG_LEN:
                     continue
@@ -82,8 +80,6 @@ def _query(req, dump):
                 sport, dport, src, dst = SOCKID.unpack_from(body, MSG_HEAD.size)
                 _e, _rq, _wq, uid, inode = MSG_TAIL.unpack_from(body, MSG_HEAD.size + SOCKID.size + REQ_TAIL.size)
                 out.append((state, sport, dport, src, dst, uid, inode))
-            if out and not dump:
-                return out                           # an exact lookup answers once
     raise OSError(errno.EPROTO, "sock_diag: no end of dump")
 
 
@@ -108,9 +104,9 @@ def _proc_rows(family):
     return rows
 
 
-def _rows(family, states, sport, dport, src, dst, dump):
+def _rows(family, states):
     try:
-        return _query(_request(family, states, sport, dport, src, dst, dump), dump)
+        return _query(_dump_request(family, states))
     except OSError as netlink_error:
         try:
             return [r for r in _proc_rows(family) if states & (1 << r[0])]
@@ -120,12 +116,22 @@ def _rows(family, states, sport, dport, src, dst, dump):
 
 def connection_owner(local, remote):
     """uid of the TCP socket whose local end is `local` and remote end `remote` ((ip, port)
-    tuples), or None if there is no such connection."""
+    tuples), or None if there is no such connection.  One exact lookup (shim/rs_diag.c,
+    which the C server side uses too); /proc/net/tcp where netlink cannot answer."""
+    from ._native import lib
     fam, src = _raw(local[0])
     fam2, dst = _raw(remote[0])
     if fam != fam2:
         return None
-    rows = _rows(fam, (1 << 12) - 1, local[1], remote[1], src, dst, dump=False)
+    uid = lib.rs_diag_tcp_owner(fam, src, local[1], dst, remote[1])
+    if uid >= 0:
+        return uid
+    if uid == -errno.ENOENT:
+        return None
+    try:
+        rows = _proc_rows(fam)
+    except OSError as exc:
+        raise Unavailable(exc.errno, "neither sock_diag (%s) nor /proc/net/tcp (%s)" % (os.strerror(-uid), exc))
     for state, sport, dport, s, d, uid, _inode in rows:
         if sport == local[1] and dport == remote[1] and s == src and d == dst:
             return uid
@@ -140,7 +146,7 @@ def listener_owners(ip, port):
     uids = set()
     for f in families:
         try:
-            rows = _rows(f, 1 << TCP_LISTEN, port, 0, b"\0" * 16, b"\0" * 16, dump=True)
+            rows = _rows(f, 1 << TCP_LISTEN)
         except Unavailable:
             if f == fam:
                 raise

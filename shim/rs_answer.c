@@ -19,9 +19,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/un.h>
-#include <linux/inet_diag.h>
-#include <linux/netlink.h>
-#include <linux/sock_diag.h>
+#include "rs_diag.h"
 #include "rs_sys.h"
 #include "rs_wait.h"
 
@@ -205,46 +203,6 @@ static int v4_of(const struct sockaddr_storage *sa, uint8_t ip[4], uint16_t *por
     return 1;
 }
 
-/* The uid of the IPv4 TCP socket whose local end is (src, sport) and remote end (dst,
- * dport): one exact sock_diag lookup (rdmasock/sockdiag.py connection_owner), bounded by
- * a one-second receive timeout.  -1 if there is none, or the kernel would not say. */
-static long tcp_owner(const uint8_t src[4], uint16_t sport_be, const uint8_t dst[4], uint16_t dport_be)
-{
-    int nl = (int)syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-    if (nl < 0) return -1;
-    struct timeval tv = { .tv_sec = 1 };
-    syscall(SYS_setsockopt, nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct { struct nlmsghdr h; struct inet_diag_req_v2 r; } req;
-    memset(&req, 0, sizeof req);
-    req.h.nlmsg_len = sizeof req;
-    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-    req.h.nlmsg_flags = NLM_F_REQUEST;
-    req.h.nlmsg_seq = 1;
-    req.r.sdiag_family = AF_INET;
-    req.r.sdiag_protocol = IPPROTO_TCP;
-    req.r.idiag_states = (1u << 12) - 1;
-    req.r.id.idiag_sport = sport_be;
-    req.r.id.idiag_dport = dport_be;
-    memcpy(req.r.id.idiag_src, src, 4);
-    memcpy(req.r.id.idiag_dst, dst, 4);
-    req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-    struct sockaddr_nl kernel = { .nl_family = AF_NETLINK };
-    long uid = -1;
-    if (syscall(SYS_sendto, nl, &req, sizeof req, 0, &kernel, sizeof kernel) == (long)sizeof req) {
-        union { struct nlmsghdr h; char b[8192]; } buf;
-        long n = syscall(SYS_recvfrom, nl, buf.b, sizeof buf.b, 0, NULL, NULL);
-        for (struct nlmsghdr *h = &buf.h; n > 0 && NLMSG_OK(h, (unsigned long)n); h = NLMSG_NEXT(h, n)) {
-            if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) break;          /* NLMSG_ERROR, NLMSG_DONE */
-            if (h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg))) break;
-            const struct inet_diag_msg *m = NLMSG_DATA(h);
-            if (m->id.idiag_sport == sport_be && m->id.idiag_dport == dport_be &&
-                !memcmp(m->id.idiag_src, src, 4) && !memcmp(m->id.idiag_dst, dst, 4)) { uid = m->idiag_uid; break; }
-        }
-    }
-    syscall(SYS_close, nl);
-    return uid;
-}
-
 /* 1 if what the socket holds so far could be the start of a HELLO (upgrade.py
  * _hello_waiting: an rdmasock client whose name is gone is answered all the same). */
 static int hello_may_be_waiting(int fd)
@@ -259,7 +217,7 @@ int rs_answer_plan(const struct rs_answer *tpl, int fd, struct rs_answer *a)
 {
     struct sockaddr_storage l, p;
     socklen_t ll = sizeof l, pl = sizeof p;
-    uint8_t lip[4], pip[4];
+    uint8_t lip[16] = { 0 }, pip[16] = { 0 };
     uint16_t lport, pport;
     if (syscall(SYS_getsockname, fd, &l, &ll) < 0 || syscall(SYS_getpeername, fd, &p, &pl) < 0 ||
         !v4_of(&l, lip, &lport) || !v4_of(&p, pip, &pport)) return RS_PLAN_ASK;
@@ -279,7 +237,7 @@ int rs_answer_plan(const struct rs_answer *tpl, int fd, struct rs_answer *a)
     struct ucred cr;
     socklen_t cl = sizeof cr;
     if (syscall(SYS_getsockopt, u, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
-        tcp_owner(pip, pport, lip, lport) != (long)cr.uid) {
+        rs_diag_tcp_owner(AF_INET, pip, ntohs(pport), lip, ntohs(lport)) != (long)cr.uid) {
         syscall(SYS_close, u);
         return RS_PLAN_ASK;
     }

@@ -1,27 +1,35 @@
-/* rs_diag.c - finds a few abstract UNIX names in the kernel's unix_diag dump.
+/* rs_diag.c - the kernel's sock_diag answers (netlink, the interface `ss` uses) that a
+ * rendezvous needs: who owns a TCP connection, and which abstract UNIX names listen.
  *
- * The rendezvous (rdmasock/rendezvous.py) looks its peer's name up at every connect and
- * accept.  The kernel cannot filter a dump by name, so each lookup reads every listening
- * UNIX socket of the network namespace, and during a storm of connections every client's
- * name is one of them: a thousand entries per lookup, a thousand lookups.  Scanned here
- * rather than in Python, that is microseconds, not milliseconds.
+ * The owner of a TCP connection is one exact lookup by addresses and ports (any user may
+ * make it, as any user may read /proc/net/tcp).  A server compares it with the
+ * SO_PEERCRED uid of the process behind a client's rendezvous name (rs_answer.c, and
+ * rdmasock/sockdiag.py for the control plane).
  *
- * Layout (linux/netlink.h, linux/unix_diag.h): netlink messages, each a 16-byte header
- * (u32 length, u16 type, u16 flags, u32 seq, u32 pid) and a body padded to 4 bytes; a
- * socket's body is struct unix_diag_msg (16 bytes) and then attributes (u16 length, u16
- * type, value, padded to 4).  UNIX_DIAG_NAME holds the name (an abstract one with its
- * leading NUL), UNIX_DIAG_UID the owner (Linux 5.3).
+ * The rendezvous (rdmasock/rendezvous.py) also looks its peer's name up at every connect
+ * and accept.  The kernel cannot filter a unix_diag dump by name, so each lookup reads
+ * every listening UNIX socket of the network namespace, and during a storm of connections
+ * every client's name is one of them: a thousand entries per lookup, a thousand lookups.
+ * Scanned here rather than in Python, that is microseconds, not milliseconds.  A socket's
+ * body is struct unix_diag_msg and then attributes; UNIX_DIAG_NAME holds the name (an
+ * abstract one with its leading NUL), UNIX_DIAG_UID the owner (Linux 5.3).
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include "rs_diag.h"
 
-#define NL_HDR 16
-#define NLMSG_ERROR 2
-#define NLMSG_DONE 3
-#define UDIAG_MSG 16
-#define UNIX_DIAG_NAME 0
-#define UNIX_DIAG_UID 7
+#define NL_HDR    sizeof(struct nlmsghdr)
+#define UDIAG_MSG sizeof(struct unix_diag_msg)
 
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
@@ -68,4 +76,55 @@ int rs_diag_unix_scan(const uint8_t *buf, size_t len, const uint8_t *names, cons
         pos += (mlen + 3u) & ~3u;
     }
     return 0;
+}
+
+int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const uint8_t dst[16], uint16_t dport)
+{
+    size_t alen = family == AF_INET ? 4 : family == AF_INET6 ? 16 : 0;
+    if (!alen) return -EAFNOSUPPORT;
+    int nl = (int)syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0) return -errno;
+    struct timeval tv = { .tv_sec = 1 };
+    syscall(SYS_setsockopt, nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct { struct nlmsghdr h; struct inet_diag_req_v2 r; } req;
+    memset(&req, 0, sizeof req);
+    req.h.nlmsg_len = sizeof req;
+    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.h.nlmsg_flags = NLM_F_REQUEST;
+    req.h.nlmsg_seq = 1;
+    req.r.sdiag_family = (uint8_t)family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_states = (1u << 12) - 1;                   /* any state */
+    req.r.id.idiag_sport = htons(sport);
+    req.r.id.idiag_dport = htons(dport);
+    memcpy(req.r.id.idiag_src, src, alen);
+    memcpy(req.r.id.idiag_dst, dst, alen);
+    req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    struct sockaddr_nl kernel = { .nl_family = AF_NETLINK };
+    int r = -EPROTO;
+    if (syscall(SYS_sendto, nl, &req, sizeof req, 0, &kernel, sizeof kernel) != (long)sizeof req) {
+        r = -errno;
+    } else {
+        union { struct nlmsghdr h; char b[8192]; } buf;
+        long n = syscall(SYS_recvfrom, nl, buf.b, sizeof buf.b, 0, NULL, NULL);
+        if (n < 0) r = -errno;
+        for (struct nlmsghdr *h = &buf.h; n > 0 && NLMSG_OK(h, (unsigned long)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_type == NLMSG_ERROR) {
+                const struct nlmsgerr *e = NLMSG_DATA(h);
+                r = h->nlmsg_len >= NLMSG_LENGTH(sizeof *e) && e->error ? e->error : -ENOENT;
+                break;
+            }
+            if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+                break;
+            const struct inet_diag_msg *m = NLMSG_DATA(h);
+            if (m->id.idiag_sport == htons(sport) && m->id.idiag_dport == htons(dport) &&
+                !memcmp(m->id.idiag_src, src, alen) && !memcmp(m->id.idiag_dst, dst, alen)) {
+                r = m->idiag_uid > 0x7fffffffu ? -EOVERFLOW : (int)m->idiag_uid;
+                break;
+            }
+            r = -ENOENT;
+        }
+    }
+    syscall(SYS_close, nl);
+    return r;
 }

@@ -103,3 +103,47 @@ def test_malformed_dump_is_a_clear_error(monkeypatch):
         assert exc.errno == errno.EPROTO and "malformed" in str(exc)
     else:
         raise AssertionError("a malformed dump was accepted")
+
+
+def _pair(family, host):
+    srv = socket.socket(family)
+    srv.bind((host, 0))
+    srv.listen(1)
+    cli = socket.create_connection(srv.getsockname()[:2], timeout=5)
+    acc, _ = srv.accept()
+    srv.close()
+    return cli, acc
+
+
+def test_connection_owner_exact_lookup_and_fallback(monkeypatch):
+    """The owner of one TCP connection (shim/rs_diag.c's exact lookup, which the C server
+    side uses too): IPv4, IPv6 and IPv4-mapped ends, none for a connection that does not
+    exist, and the same answers from /proc/net/tcp when netlink cannot say."""
+    import rdmasock._native as native
+    pairs = [_pair(socket.AF_INET, "127.0.0.1"), _pair(socket.AF_INET6, "::1")]
+    try:
+        def answers():
+            out = []
+            for cli, acc in pairs:
+                local, remote = cli.getsockname()[:2], cli.getpeername()[:2]
+                out.append(sockdiag.connection_owner(local, remote))
+                out.append(sockdiag.connection_owner(remote, local))       # the accepted end
+            cli = pairs[0][0]
+            mapped = lambda a: ("::ffff:" + a[0], a[1])
+            out.append(sockdiag.connection_owner(mapped(cli.getsockname()), mapped(cli.getpeername())))
+            out.append(sockdiag.connection_owner(("127.0.0.1", 1), ("127.0.0.1", 2)))
+            out.append(sockdiag.connection_owner(("127.0.0.1", 1), ("::1", 2)))  # families differ
+            return out
+        me = os.geteuid()
+        assert answers() == [me] * 5 + [None, None]
+
+        class NoNetlink:
+            @staticmethod
+            def rs_diag_tcp_owner(*args):
+                return -errno.EPROTONOSUPPORT
+        monkeypatch.setattr(native, "lib", NoNetlink)
+        assert answers() == [me] * 5 + [None, None]
+    finally:
+        for p in pairs:
+            for s in p:
+                s.close()
