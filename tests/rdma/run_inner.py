@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 CASES = ["checks", "memlock", "ring_lo", "qp_error", "two_hosts", "device_events", "prog_pg", "prog_curl", "prog_curl_link_down",
-         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
+         "api_stream", "api_two_hosts", "sock_qp_error", "sock_qp_error_at_answer", "sock_qp_error_duplex", "sock_bad_resync", "sock_link_down", "sock_credit_probe", "sock_dead_peer", "sock_fallbacks",
          "sock_device_delete", "api_sigio", "write_first", "write_first_two_hosts"]
 _TWO = "needs the VM's two-namespace topology (scripts/softroce/guest/two-hosts.sh)"
 VM_ONLY = {"api_two_hosts": _TWO, "sock_link_down": _TWO, "sock_credit_probe": _TWO, "sock_dead_peer": _TWO,
@@ -166,8 +166,9 @@ def do_write_first(two_hosts=False):
     state half-way through its 4 MiB: the connection goes on over TCP, whose buffers,
     cold after carrying only doorbells, hold less than the rings and holds did, so each
     writer goes on taking what it can read into its hold.  Plain TCP runs first, for
-    comparison.  two_hosts: server in rs-h1, client in rs-h2 (1500-byte MTU; the cold
-    TCP buffers hold far less than over the loopback's 64 KiB segments)."""
+    comparison (reported, not required).  two_hosts: server in rs-h1, client in rs-h2
+    (1500-byte MTU; the cold TCP buffers hold far less than over the loopback's 64 KiB
+    segments)."""
     prog = os.path.join(os.path.dirname(HERE), "bulk_echo.py")
     outs, ok = [], True
     for name in ("tcp_rmem", "tcp_wmem"):
@@ -258,8 +259,12 @@ def do_write_first(two_hosts=False):
             good = good and log_text.count("transport=rdma") == 2 and log_text.count("reason=rdma_failed") == 2
         elif smode != "plain":
             good = good and "transport=rdma" in log_text and "transport=tcp" not in log_text
-        ok = ok and good
-        outs.append("%s: %s in %.2f s %s\n%s" % (name, "ok" if good else "FAILED", took, detail, log_text.strip()))
+        # Plain TCP is the comparison, not a requirement: what its buffers take in grows
+        # with autotuning, so on a loaded guest its own 4 MiB echo may wait for ever.  The
+        # holds keep a fixed amount (tcp_wmem max + SO_RCVBUF), so rdmasock's runs must pass.
+        verdict = "ok" if good else "FAILED" if smode != "plain" else "waited (TCP's own limit, not counted)"
+        ok = ok and (good or smode == "plain")
+        outs.append("%s: %s in %.2f s %s\n%s" % (name, verdict, took, detail, log_text.strip()))
     return ok, "\n".join(outs)
 
 
@@ -281,6 +286,10 @@ def do_api_two_hosts():
 
 def do_sock_qp_error():
     return run([[PY, "sockets.py", "qp_error"]], 200, _lo_env())
+
+
+def do_sock_qp_error_at_answer():
+    return run([[PY, "sockets.py", "qp_error_at_answer"]], 200, _lo_env())
 
 
 def do_sock_qp_error_duplex():

@@ -6,6 +6,8 @@
                                 RoCE packets counted on the veth
     sockets.py qp_error         the sender's QP forced to ERR mid-stream (one namespace): the
                                 stream goes on over TCP, complete, both sides say rdma_failed
+    sockets.py qp_error_at_answer  the same, the QP failing as the handshake ends (its C
+                                connection attached, the preamble not yet over)
     sockets.py link_down        the RoCE link of rs-h1 goes down mid-stream (two hosts; TCP
                                 stays): likewise
     sockets.py qp_error_duplex  an echo server and a client that sends and receives in two
@@ -126,13 +128,15 @@ def role_client(host, port, n_ping, size):
 def role_streamer(host, port, seconds):
     """Sends a seeded stream until an error or `seconds`; reports how it ended."""
     import rdmasock
+    if os.environ.get("RDMASOCK_TEST_QP_ERR_AT_ANSWER"):
+        force_qp_error_at_answer()
     c = rdmasock.create_connection((host, port), timeout=30)
     c.sendall(random.Random(7).randbytes(16384))
     out = {"role": "streamer"}
     print("CONNECTED", flush=True)
     after = os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER")
     if after:
-        force_qp_error_after(float(after))
+        force_qp_error_after(float(after), c)
     rnd, sent, end = random.Random(7), 16384, time.monotonic() + seconds
     rnd.randbytes(16384)
     try:
@@ -183,16 +187,38 @@ def role_sink(bind, port):
     result(**out)
 
 
-def force_qp_error_after(seconds):
-    """A QP can only be moved to ERR by its own process: a timer does it to ours."""
+def force_qp_error_after(seconds, sock):
+    """A QP can only be moved to ERR by its own process: a thread does it to ours, `seconds`
+    after the connection is on its ring (a loaded host may answer the handshake late).
+    Returns an event that cancels it."""
+    cancel = threading.Event()
+
     def qp_to_error():
         from rdmasock import transport_rdma
+        end = time.monotonic() + 60
+        while sock.transport != "rdma" and time.monotonic() < end and not cancel.wait(0.01):
+            pass
+        if cancel.wait(seconds):
+            return
         for side in list(transport_rdma._sides.values()):
             side.ep.force_error()
         print("QP_ERR", flush=True)
-    t = threading.Timer(seconds, qp_to_error)
-    t.start()
-    return t
+    threading.Thread(target=qp_to_error, daemon=True).start()
+    return cancel
+
+
+def force_qp_error_at_answer():
+    """The QP moved to ERR the moment the handshake has set it up, before the connection
+    carried a record (between attaching the C connection and ending the preamble)."""
+    from rdmasock import transport_rdma, upgrade
+    after_answer = upgrade.after_answer
+
+    def failing_first(side, outcome, fd):
+        for s in list(transport_rdma._sides.values()):
+            s.ep.force_error()
+        print("QP_ERR", flush=True)
+        return after_answer(side, outcome, fd)
+    upgrade.after_answer = failing_first
 
 
 def role_echo_server(bind, port):
@@ -228,7 +254,7 @@ def role_duplex_client(host, port, seconds):
     c.sendall(b"x" * 100)
     recv_exact(c, 100)
     print("CONNECTED", flush=True)
-    timer = force_qp_error_after(float(os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER", "2")))
+    qp_error = force_qp_error_after(float(os.environ.get("RDMASOCK_TEST_QP_ERR_AFTER", "2")), c)
     out = {"role": "duplex"}
     box = {"sent": 100}
 
@@ -267,7 +293,7 @@ def role_duplex_client(host, port, seconds):
     except OSError as exc:
         out["ended"], out["errno"], out["error"] = "error", exc.errno, str(exc)
     t.join(60)
-    timer.cancel()
+    qp_error.set()
     out.update(sent=box["sent"] - 100, got=got, echo_ok=ok, send_error=box.get("error"),
                transport=c.transport, reason=c.fallback_reason)
     c.close()
@@ -657,6 +683,16 @@ def case_qp_error():
     return res[0] if isinstance(res, tuple) else res
 
 
+def case_qp_error_at_answer():
+    # The streamer's QP fails as its handshake ends, while its writes still go as preamble frames.
+    os.environ["RDMASOCK_TEST_QP_ERR_AT_ANSWER"] = "1"
+    try:
+        res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=6)
+    finally:
+        del os.environ["RDMASOCK_TEST_QP_ERR_AT_ANSWER"]
+    return res[0] if isinstance(res, tuple) else res
+
+
 def case_link_down():
     def down(st):
         log("ip link set rs-roce1 down (RoCE path of rs-h1; TCP path stays up)")
@@ -774,7 +810,8 @@ def main():
         return role_lazy_reader(a[0], int(a[1]), a[2])
     if cmd == "_duplex":
         return role_duplex_client(a[0], int(a[1]), float(a[2]))
-    ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "link_down": case_link_down,
+    ok = {"two_hosts": case_two_hosts, "qp_error": case_qp_error, "qp_error_at_answer": case_qp_error_at_answer,
+          "link_down": case_link_down,
           "qp_error_duplex": case_qp_error_duplex, "bad_resync": case_bad_resync,
           "dead_peer": case_dead_peer, "device_delete": case_device_delete,
           "credit_probe": case_credit_probe}[cmd]() if cmd != "fallback" \
