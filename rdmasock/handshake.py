@@ -25,7 +25,13 @@ from ._native import lib
 # The numbers are shim/rs_contract.h's (RS_HS_*): the server's shm answer is made in C too.
 MAGIC = lib.RS_HS_MAGIC.to_bytes(8, "big")
 VERSION = lib.RS_HS_VERSION
-MSG = struct.Struct(">8sHHIQII16sB3xIQ")
+# The fields of the head in order, and where shim/rs_contract.h says each one starts.
+_FIELDS = ("8s", "H", "H", "I", "Q", "I", "I", "16s", "B3x", "I", "Q")
+_AT = (0, lib.RS_HS_AT_VERSION, lib.RS_HS_AT_OP, lib.RS_HS_AT_LEN, lib.RS_HS_AT_FEATURES, lib.RS_HS_AT_TRANSPORTS,
+       lib.RS_HS_AT_REASON, lib.RS_HS_AT_NONCE, lib.RS_HS_AT_RING_LOG2, lib.RS_HS_AT_PID, lib.RS_HS_AT_SALT)
+MSG = struct.Struct(">" + "".join(_FIELDS))
+if any(struct.calcsize(">" + "".join(_FIELDS[:i])) != at for i, at in enumerate(_AT)):
+    raise ImportError("rdmasock: the handshake layout differs from shim/rs_contract.h's")
 MSG_LEN = MSG.size
 MAX_LEN = lib.RS_HS_MAX_LEN
 assert MSG_LEN == lib.RS_HS_LEN

@@ -48,9 +48,9 @@ static void put_be(uint8_t *p, int n, uint64_t v)
  * the required features spoken. */
 static int answerable(const uint8_t m[RS_HS_LEN])
 {
-    return get_be(m, 8) == RS_HS_MAGIC && get_be(m + 8, 2) != 0 && get_be(m + 10, 2) == RS_HS_HELLO &&
-           get_be(m + 12, 4) == RS_HS_LEN && (get_be(m + 24, 4) & RS_HS_T_SHM) &&
-           (get_be(m + 16, 8) & RS_HS_REQUIRED) == RS_HS_REQUIRED;
+    return get_be(m, 8) == RS_HS_MAGIC && get_be(m + RS_HS_AT_VERSION, 2) != 0 && get_be(m + RS_HS_AT_OP, 2) == RS_HS_HELLO &&
+           get_be(m + RS_HS_AT_LEN, 4) == RS_HS_LEN && (get_be(m + RS_HS_AT_TRANSPORTS, 4) & RS_HS_T_SHM) &&
+           (get_be(m + RS_HS_AT_FEATURES, 8) & RS_HS_REQUIRED) == RS_HS_REQUIRED;
 }
 
 /* Peeks the first RS_HS_LEN bytes, waiting up to wait_ms (-1: no limit) for anything to
@@ -124,9 +124,9 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     if (rs_sys_poll(&p, 1, 0) != 0) return RS_ANSWER_DEFER;
 
-    uint64_t hello_features = get_be(m + 16, 8);
+    uint64_t hello_features = get_be(m + RS_HS_AT_FEATURES, 8);
     uint32_t features = (uint32_t)(hello_features & a->features);
-    unsigned log2 = m[48] < 12 ? 12 : m[48];
+    unsigned log2 = m[RS_HS_AT_RING_LOG2] < 12 ? 12 : m[RS_HS_AT_RING_LOG2];
     if (log2 > a->ring_log2) log2 = a->ring_log2;
     if (log2 > 30) log2 = 30;
     uint64_t salt;
@@ -147,7 +147,7 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
         if (!a->bells_err) nfds = 3;
         else features &= ~RS_HS_F_EVENT_BELL;
     }
-    int passed = pass_fds(a, m + 32, fds, nfds);
+    int passed = pass_fds(a, m + RS_HS_AT_NONCE, fds, nfds);
     syscall(SYS_close, fds[0]);
     if (passed < 0) {
         if (nfds == 3) { syscall(SYS_close, fds[1]); syscall(SYS_close, fds[2]); }
@@ -171,15 +171,15 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
     rs_sys_recv(fd, hello, sizeof hello, MSG_DONTWAIT);      /* the HELLO we peeked */
     uint8_t reply[RS_HS_LEN] = { 0 };
     put_be(reply, 8, RS_HS_MAGIC);
-    put_be(reply + 8, 2, RS_HS_VERSION);
-    put_be(reply + 10, 2, RS_HS_ACCEPT);
-    put_be(reply + 12, 4, RS_HS_LEN);
-    put_be(reply + 16, 8, features);
-    put_be(reply + 24, 4, RS_HS_T_SHM);
-    memcpy(reply + 32, m + 32, 16);                         /* the nonce, echoed */
-    reply[48] = (uint8_t)log2;
-    put_be(reply + 52, 4, (uint32_t)getpid());
-    put_be(reply + 56, 8, salt);
+    put_be(reply + RS_HS_AT_VERSION, 2, RS_HS_VERSION);
+    put_be(reply + RS_HS_AT_OP, 2, RS_HS_ACCEPT);
+    put_be(reply + RS_HS_AT_LEN, 4, RS_HS_LEN);
+    put_be(reply + RS_HS_AT_FEATURES, 8, features);
+    put_be(reply + RS_HS_AT_TRANSPORTS, 4, RS_HS_T_SHM);
+    memcpy(reply + RS_HS_AT_NONCE, m + RS_HS_AT_NONCE, 16);       /* the nonce, echoed */
+    reply[RS_HS_AT_RING_LOG2] = (uint8_t)log2;
+    put_be(reply + RS_HS_AT_PID, 4, (uint32_t)getpid());
+    put_be(reply + RS_HS_AT_SALT, 8, salt);
     rs_sys_send(fd, reply, sizeof reply, MSG_DONTWAIT | MSG_NOSIGNAL);   /* a client gone: its reads say so */
     out[0] = (uintptr_t)c;
     out[1] = 0;

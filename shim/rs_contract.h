@@ -27,6 +27,18 @@
 #define RS_HS_VERSION      1
 #define RS_HS_LEN          64      /* the head; also the whole message without an extension */
 #define RS_HS_MAX_LEN      4096
+/* Byte offsets of a message's fields (big-endian; docs/PROTOCOL.md 2.1).  rdmasock/
+ * handshake.py checks its struct format against them. */
+#define RS_HS_AT_VERSION     8
+#define RS_HS_AT_OP         10
+#define RS_HS_AT_LEN        12
+#define RS_HS_AT_FEATURES   16
+#define RS_HS_AT_TRANSPORTS 24
+#define RS_HS_AT_REASON     28
+#define RS_HS_AT_NONCE      32     /* 16 bytes */
+#define RS_HS_AT_RING_LOG2  48     /* 1 byte, then 3 of padding */
+#define RS_HS_AT_PID        52
+#define RS_HS_AT_SALT       56
 #define RS_HS_HELLO        1
 #define RS_HS_ACCEPT       2
 #define RS_HS_DECLINE      3
