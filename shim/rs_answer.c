@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/un.h>
 #include "rs_diag.h"
@@ -137,10 +136,7 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
     if (fds[0] < 0) return RS_ANSWER_DEFER;
     struct rs_seg seg;
     rs_conn *c = NULL;
-    if (rs_shm_map(fds[0], &seg, 0) == 0 && !(c = rs_conn_attach_shm(&seg, fd, 1, a->spin_ns))) {
-        munmap(seg.base, seg.len);
-        rs_ring_memory_release(seg.len);
-    }
+    if (rs_shm_map(fds[0], &seg, 0) == 0) c = rs_conn_attach_shm(&seg, fd, 1, a->spin_ns);
     if (!c) { syscall(SYS_close, fds[0]); return RS_ANSWER_DEFER; }
     if (features & RS_HS_F_EVENT_BELL) {
         a->bells_err = (int16_t)rs_bells_create(fds + 1);

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -97,10 +96,7 @@ void rs_conn_free(rs_conn *c)
     rs_hold_unlist(c);
     c->ops->free(c);
     rs_hold_free(c);
-    if (c->map_base) {
-        munmap(c->map_base, c->map_len);
-        rs_ring_memory_release(c->map_len);
-    }
+    if (c->map_base) rs_ring_unmap(c->map_base, c->map_len);
     free(c);
 }
 

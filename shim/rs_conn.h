@@ -389,6 +389,7 @@ int      rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved);
 struct rs_ring_budget { uint64_t used, max; };
 int      rs_ring_memory_reserve(size_t n);      /* -ENOBUFS over RDMASOCK_RING_MEMORY_MAX */
 void     rs_ring_memory_release(size_t n);
+void     rs_ring_unmap(void *base, size_t len);   /* a ring mapping, and its share of the budget */
 uint64_t rs_ring_memory_in_use(void);
 uint64_t rs_ring_memory_max(void);
 

@@ -52,7 +52,7 @@ void *rs_rdma_alloc(uint32_t ring_size, size_t *len_out)
 
 void rs_rdma_unalloc(void *base, size_t len)
 {
-    if (base) { munmap(base, len); rs_ring_memory_release(len); }
+    if (base) rs_ring_unmap(base, len);
 }
 
 #ifndef RS_HAVE_VERBS

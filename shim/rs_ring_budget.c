@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include "rs_conn.h"
 
 /* Bytes of rings (and segment headers) mapped by this process's connections, against
@@ -43,5 +44,11 @@ int rs_ring_memory_reserve(size_t n)
 }
 
 void rs_ring_memory_release(size_t n) { __atomic_sub_fetch(&budget()->used, n, __ATOMIC_ACQ_REL); }
+
+void rs_ring_unmap(void *base, size_t len)
+{
+    munmap(base, len);
+    rs_ring_memory_release(len);
+}
 uint64_t rs_ring_memory_in_use(void) { return __atomic_load_n(&budget()->used, __ATOMIC_RELAXED); }
 uint64_t rs_ring_memory_max(void) { return __atomic_load_n(&budget()->max, __ATOMIC_RELAXED); }

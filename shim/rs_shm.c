@@ -83,8 +83,7 @@ int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved)
     uint64_t salt = __atomic_load_n(&h->salt, __ATOMIC_RELAXED);
     if (magic != RS_SEG_MAGIC || version != RS_PROTO_VERSION || hdr_size != RS_SEG_HDR_SIZE ||
         !ring_size_ok(ring_size) || (off_t)(RS_SEG_HDR_SIZE + 2 * (size_t)ring_size) != st.st_size) {
-        munmap(p, (size_t)st.st_size);
-        rs_ring_memory_release(need);
+        rs_ring_unmap(p, need);
         return -EBADMSG;
     }
     seg->base = p;
@@ -95,13 +94,13 @@ int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved)
 }
 
 /* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
- * header, which is never read again for them).  The server consumes ring 0 and produces
+ * header, which is never read again for them), and unmaps it if it returns NULL.  The server consumes ring 0 and produces
  * into ring 1; the client the other way round. */
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
 {
     struct rs_seg_hdr *h = seg->base;
     rs_conn *c = rs_conn_alloc();
-    if (!c) return NULL;
+    if (!c) { rs_ring_unmap(seg->base, seg->len); return NULL; }
     c->ops = &rs_transport_shm;
     c->fd = fd;
     rs_conn_set_ring(c, seg->ring_size, 1);
