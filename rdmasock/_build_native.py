@@ -146,6 +146,7 @@ rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uin
 void rs_conn_free(rs_conn *c);
 void rs_conn_move_fd(rs_conn *c, int newfd);
 const char *rs_conn_errmsg(const rs_conn *c);
+int rs_conn_describe(rs_conn *c, char *buf, size_t n);
 void rs_quiesce_bells(rs_conn *c);
 long rs_fd_recv(int fd, void *buf, size_t n, int flags);
 ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);

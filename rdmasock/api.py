@@ -673,7 +673,14 @@ class socket(_base):
                 "records_sent": c.tx.records, "records_received": c.rx.records, "bytes_spilled": c.tx.spilled,
                 "doorbells_sent": c.bells_sent, "sleeps": c.rx.sleeps, "word_sleeps": c.rx.word_sleeps,
                 "word_timeouts": c.rx.word_timeouts, "word_wake": bool(c.word_wake_ok),
-                "quiet_wake": bool(c.quiet_wake_ok)}
+                "quiet_wake": bool(c.quiet_wake_ok), "state": _describe(c)}
+
+
+def _describe(conn):
+    """The C connection's positions and control words, one line (for diagnosis)."""
+    buf = ffi.new("char[1024]")
+    lib.rs_conn_describe(conn, buf, len(buf))
+    return ffi.string(buf).decode()
 
 
 def _writable(fd, seconds):

@@ -100,6 +100,24 @@ void rs_conn_free(rs_conn *c)
     free(c);
 }
 
+/* One line of the connection's state, read without its locks (a snapshot of moving
+ * values), for whoever wonders why a call on it waits: both directions' positions, what
+ * is held, the control words, then the transport's own.  Returns the length written. */
+int rs_conn_describe(rs_conn *c, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s ring=%u; tx: pos=%llu credit=%llu bytes=%llu window=%u waiting=%u fin=%u; "
+                     "rx: pos=%llu published=%llu bytes=%llu in_record=%u held=%llu want_bell=%u fin=%u pre=%u; "
+                     "fallback=%u err=%d tcp_eof=%u switch_due=%u",
+                     c->ops->name, c->ring_size, RS_SEEN(c->tx.pos), RS_SEEN(c->tx.head_seen), RS_SEEN(c->tx.bytes),
+                     c->tx.window, c->tx.ctl ? (unsigned)RS_SEEN(c->tx.ctl->tx_waiting) : 0, c->tx.fin_sent,
+                     RS_SEEN(c->rx.pos), RS_SEEN(c->rx.head_pub), RS_SEEN(c->rx.bytes), (unsigned)RS_SEEN(c->rx.cur_len),
+                     RS_SEEN(c->rx.hold_len), c->rx.ctl ? (unsigned)RS_SEEN(c->rx.ctl->want_bell) : 0, c->rx.fin_seen,
+                     c->rx.pre.active, RS_GET(c->fb), RS_GET(c->err), RS_GET(c->tcp_eof), RS_GET(c->switch_due));
+    if (k < 0 || (size_t)k >= n) return k < 0 ? 0 : (int)n - 1;
+    if (c->ops->describe) k += c->ops->describe(c, buf + k, n - (size_t)k);
+    return k;
+}
+
 int rs_conn_app_nonblocking(rs_conn *c)
 {
     if (!c->rx.flags_unseen) return 0;

@@ -174,6 +174,7 @@ typedef struct rs_conn rs_conn;
  * the reader round its loop once more). */
 #define RS_GET(f)    __atomic_load_n(&(f), __ATOMIC_ACQUIRE)
 #define RS_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELEASE)
+#define RS_SEEN(f)   ((unsigned long long)__atomic_load_n(&(f), __ATOMIC_RELAXED))   /* for a report */
 
 /* The connection's descriptor for one short (non-blocking) system call.  While a call is
  * between enter and leave, rs_conn_move_fd does not let the number go. */
@@ -214,6 +215,7 @@ int      rs_c_sockerr(rs_conn *c);
 rs_conn *rs_conn_alloc(void);
 void     rs_conn_free(rs_conn *c);
 const char *rs_conn_errmsg(const rs_conn *c);
+int      rs_conn_describe(rs_conn *c, char *buf, size_t n);    /* one line of state, for diagnosis */
 
 /* A front-end that does not see the program's fcntl calls (flags_unseen) learns of an
  * O_NONBLOCK set on the descriptor behind its back only here, asked when an untimed call

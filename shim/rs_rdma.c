@@ -573,6 +573,20 @@ static int rdma_go_idle(rs_conn *c)
     return 1;
 }
 
+static int rdma_describe(rs_conn *c, char *buf, size_t n)
+{
+    struct rs_rdma *r = c->rdma;
+    int k = snprintf(buf, n, "; ours: head=%llu want=%llu wait=%llu posted=%llu/%llu bytes; peer's (mirror): head=%llu "
+                     "want=%llu wait=%llu posted=%llu/%llu bytes; answered want=%llu wait=%llu; armed data=%u "
+                     "credit=%u; work requests posted=%llu completed=%llu; failed=%u silent=%u",
+                     RS_SEEN(r->own->rx_head), RS_SEEN(r->own->want_seq), RS_SEEN(r->own->tx_wait_seq), RS_SEEN(r->own->tx_seq),
+                     RS_SEEN(r->own->tx_bytes), RS_SEEN(r->mirror->rx_head), RS_SEEN(r->mirror->want_seq),
+                     RS_SEEN(r->mirror->tx_wait_seq), RS_SEEN(r->mirror->tx_seq), RS_SEEN(r->mirror->tx_bytes),
+                     RS_SEEN(r->want_answered), RS_SEEN(r->credit_answered), r->data_armed, r->credit_armed,
+                     RS_SEEN(r->posted), RS_SEEN(r->completed), r->failed, r->silent);
+    return k < 0 ? 0 : (size_t)k >= n ? (int)n - 1 : k;
+}
+
 static void nothing(rs_conn *c) { (void)c; }
 static int no_word(rs_conn *c, const uint32_t **w, uint32_t *v, size_t room) { (void)c; (void)w; (void)v; (void)room; return -1; }
 
@@ -601,7 +615,8 @@ const struct rs_transport rs_transport_rdma = {
     .drop_stale = nothing,                      /* ... since its bell counts are not shared */
     .bell_every = rdma_bell_every,
     .quiesce = nothing,
-    .closed = rs_rdma_drain,                    /* unread bells would make the close send RST */
+    .closed = rs_rdma_drain,
+    .describe = rdma_describe,                    /* unread bells would make the close send RST */
     .after_fork_child = rdma_after_fork_child,
     .free = rdma_free,
 };

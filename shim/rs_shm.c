@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -505,6 +506,18 @@ static uint64_t shm_peer_posted(rs_conn *c)
 
 static void nothing(rs_conn *c) { (void)c; }
 
+/* The shared words of both directions (the peer writes half of them). */
+static int shm_describe(rs_conn *c, char *buf, size_t n)
+{
+    const struct rs_dir_ctl *rx = c->rx.ctl, *tx = c->tx.ctl;
+    int k = snprintf(buf, n, "; shared: rx head=%llu bells data=%llu credit=%llu seq data=%u credit=%u; "
+                     "tx head=%llu bells data=%llu credit=%llu seq data=%u credit=%u",
+                     RS_SEEN(rx->head), RS_SEEN(rx->data_bells), RS_SEEN(rx->credit_bells), (unsigned)RS_SEEN(rx->data_seq),
+                     (unsigned)RS_SEEN(rx->credit_seq), RS_SEEN(tx->head), RS_SEEN(tx->data_bells), RS_SEEN(tx->credit_bells),
+                     (unsigned)RS_SEEN(tx->data_seq), (unsigned)RS_SEEN(tx->credit_seq));
+    return k < 0 ? 0 : (size_t)k >= n ? (int)n - 1 : k;
+}
+
 const struct rs_transport rs_transport_shm = {
     .name = "shm",
     .id = RS_TRANSPORT_SHM,
@@ -530,4 +543,5 @@ const struct rs_transport rs_transport_shm = {
     .closed = nothing,
     .after_fork_child = rs_bells_after_fork_child,
     .free = rs_bells_release,
+    .describe = shm_describe,
 };

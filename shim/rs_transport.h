@@ -18,6 +18,7 @@
  */
 #ifndef RS_TRANSPORT_H
 #define RS_TRANSPORT_H
+#include <stddef.h>
 #include <stdint.h>
 
 struct rs_conn;
@@ -84,6 +85,8 @@ struct rs_transport {
     void (*quiesce)(struct rs_conn *c);                 /* before our FIN: no doorbell asked, none unread */
     void (*closed)(struct rs_conn *c);                  /* after our FIN: read what the peer still rang */
     void (*after_fork_child)(struct rs_conn *c);
+    int  (*describe)(struct rs_conn *c, char *buf, size_t n);   /* "; " and the transport's own state
+                                                         * (rs_conn_describe); NULL: none */
     void (*free)(struct rs_conn *c);
 };
 

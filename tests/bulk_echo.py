@@ -51,6 +51,14 @@ CHUNK = int(os.environ.get("BULK_ECHO_CHUNK", 256 * 1024))
 HOST = os.environ.get("BULK_ECHO_HOST", "127.0.0.1")
 
 
+def state(c):
+    """For a failure's report: an rdmasock socket's connection state (stats()["state"])."""
+    try:
+        return "\n  state: " + c.stats()["state"]
+    except (AttributeError, KeyError, OSError):
+        return ""
+
+
 def make_socket(mode):
     if mode == "api":
         import rdmasock
@@ -92,7 +100,7 @@ def echo(c):
             c.sendall(d)
         c.shutdown(socket.SHUT_WR)
     except OSError as e:
-        print("echo %d: %s: %s" % (c.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
+        print("echo %d: %s: %s%s" % (c.fileno(), type(e).__name__, e, state(c)), file=sys.stderr, flush=True)
     finally:
         c.close()
 
@@ -106,7 +114,8 @@ def relay(src, dst):
                 break
             dst.sendall(d)
     except OSError as e:
-        print("relay %d->%d: %s: %s" % (src.fileno(), dst.fileno(), type(e).__name__, e), file=sys.stderr, flush=True)
+        print("relay %d->%d: %s: %s%s%s" % (src.fileno(), dst.fileno(), type(e).__name__, e, state(src), state(dst)),
+              file=sys.stderr, flush=True)
 
 
 def proxy(mode, upstream):
@@ -189,7 +198,7 @@ def client(mode, port, size, duplex, greeted, talked_to=0, qp_error=False):
             out["first_diff"] = next(i for i in range(len(got)) if got[i] != expected[i])
     except OSError as e:
         out["ok"] = False
-        out["error"] = "%s: %s" % (type(e).__name__, e)
+        out["error"] = "%s: %s%s" % (type(e).__name__, e, state(s))
     out["seconds"] = round(time.monotonic() - t0, 3)
     out["transport"] = getattr(s, "transport", None)
     out["fallback_reason"] = getattr(s, "fallback_reason", None)

@@ -21,6 +21,21 @@ def test_upgrades_to_shm_and_reports_it(pair):
     assert c.stats()["bytes_sent"] == 4 and s.stats()["bytes_received"] == 4
 
 
+def test_stats_describe_the_connection_state(pair):
+    """stats()["state"]: one line of positions and control words, for whoever wonders why
+    a call waits."""
+    c, s = pair()
+    c.sendall(b"x" * 1000)
+    assert recv_exact(s, 1000) == b"x" * 1000
+    cs, ss = c.stats()["state"], s.stats()["state"]
+    assert cs.startswith("shm ring=") and "; shared: rx head=" in cs, cs
+
+    def part(state, name):                      # "tx: pos=1 bytes=2; ..." -> {"pos": 1, "bytes": 2}
+        return {k: int(v) for k, v in (f.split("=") for f in state.split(name + ": ")[1].split(";")[0].split())}
+    assert part(cs, "tx")["bytes"] == 1000 and part(cs, "tx")["pos"] > 1000, cs
+    assert part(ss, "rx")["bytes"] == 1000 and part(ss, "rx")["pos"] == part(cs, "tx")["pos"], (cs, ss)
+
+
 def test_is_a_socket_and_fileno_is_the_tcp_socket(pair):
     c, s = pair()
     assert isinstance(c, socket.socket)
