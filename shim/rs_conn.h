@@ -48,6 +48,7 @@ struct rs_rx_pre {
     uint8_t  hdr_got;         /* bytes of the next frame header taken off the socket so far */
     uint8_t  hdr[RS_PRE_HDR]; /* ... and they */
     uint32_t left;            /* payload bytes left in the open preamble frame */
+    uint32_t readers;         /* threads inside rs_pre_recv: only they take frame headers then */
     uint64_t bytes;           /* payload handed to the application from preamble frames */
 };
 

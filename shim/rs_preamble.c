@@ -230,9 +230,12 @@ int rs_pre_settle(rs_conn *c)
     return over;
 }
 
+/* Not while a thread is inside rs_pre_recv: it may be asleep on the socket, which the
+ * SWITCH wakes; taken here, nothing would wake it for the ring's data, and the socket's
+ * next bytes (a doorbell, a RESYNC frame) would be read as a frame header. */
 int rs_pre_settle_locked(rs_conn *c)
 {
-    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err)) read_header(c);
+    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err) && !RS_GET(c->rx.pre.readers)) read_header(c);
     return !c->rx.pre.active;
 }
 
@@ -265,6 +268,7 @@ int rs_pre_quiesce(rs_conn *c, uint64_t ns)
 static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
 {
     if (RS_GET(c->err)) return -RS_GET(c->err);
+    if (!c->rx.pre.active) return RS_PRE_OVER;          /* another thread read the SWITCH */
     if (c->rx.pre.left == 0) {
         long r = read_header(c);
         if (r == 1) return c->rx.pre.active ? RS_PRE_AGAIN : RS_PRE_OVER;
@@ -280,9 +284,20 @@ static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
     return r;
 }
 
+static ssize_t pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+
 /* Reads preamble payload into buf.  Returns bytes (> 0), 0 at EOF, -errno, or
- * RS_PRE_OVER once SWITCH has been consumed (the caller goes on with the ring). */
+ * RS_PRE_OVER once SWITCH has been consumed (the caller goes on with the ring).  While a
+ * thread is in here, no other takes a frame header (rs_pre_settle_locked). */
 ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
+{
+    __atomic_add_fetch(&c->rx.pre.readers, 1, __ATOMIC_SEQ_CST);
+    ssize_t r = pre_recv(c, buf, len, flags, timeout_ms);
+    __atomic_sub_fetch(&c->rx.pre.readers, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+
+static ssize_t pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;

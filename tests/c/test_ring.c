@@ -2489,6 +2489,41 @@ static void t_pre_order(void)
     pair_close(&p);
 }
 
+/* A server thread asleep in recv during the preamble, and another thread of the program
+ * looking at the socket meanwhile (a poll, or the hold: rs_pre_settle_locked): the SWITCH
+ * that wakes the reader must stay the reader's.  Taken by the other thread, nothing woke
+ * the reader for the ring's data, and the socket's next byte (here the doorbell) was read
+ * as a frame header: the receive failed with "garbage preamble frame" or waited out its
+ * timeout (a VM write-first echo over rdma did, 1 run in 60). */
+struct pre_reader { rs_conn *c; char buf[64]; ssize_t n; };
+
+static void *pre_reader_run(void *arg)
+{
+    struct pre_reader *r = arg;
+    r->n = rs_recv(r->c, r->buf, sizeof r->buf, 0, 3000);
+    return NULL;
+}
+
+static void t_pre_switch_stays_the_readers(void)
+{
+    for (int i = 0; i < 30; i++) {
+        struct pair p;
+        pre_pair_open(&p, 4096);
+        struct pre_reader r = { .c = p.srv };
+        pthread_t t;
+        CHECK_EQ(pthread_create(&t, NULL, pre_reader_run, &r), 0);
+        usleep(i % 3 ? 5000 : 0);                      /* asleep on the socket, or not yet */
+        pre_switch(p.fd[1]);
+        for (int k = 0; k < 200 && RS_GET(p.srv->rx.pre.active); k++) rs_pre_settle(p.srv);
+        send_str(p.cli, "ring");
+        CHECK_EQ(pthread_join(t, NULL), 0);
+        CHECK(r.n == 4 && memcmp(r.buf, "ring", 4) == 0, "round %d: the reader got %zd (%s)", i, r.n,
+              r.n < 0 ? rs_conn_errmsg(p.srv) : "");
+        CHECK_EQ(p.srv->rx.pre.active, 0);
+        pair_close(&p);
+    }
+}
+
 static void t_pre_peek(void)
 {
     struct pair p;
@@ -3876,6 +3911,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_wire", t_pre_wire },
     { "pre_order", t_pre_order },
     { "pre_peek", t_pre_peek },
+    { "pre_switch_stays_the_readers", t_pre_switch_stays_the_readers },
     { "pre_waitall", t_pre_waitall },
     { "pre_tcp", t_pre_tcp },
     { "pre_garbage", t_pre_garbage },
