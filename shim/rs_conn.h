@@ -48,7 +48,6 @@ struct rs_rx_pre {
     uint8_t  hdr_got;         /* bytes of the next frame header taken off the socket so far */
     uint8_t  hdr[RS_PRE_HDR]; /* ... and they */
     uint32_t left;            /* payload bytes left in the open preamble frame */
-    uint32_t readers;         /* threads inside rs_pre_recv: only they take frame headers then */
     uint64_t bytes;           /* payload handed to the application from preamble frames */
 };
 
@@ -121,6 +120,9 @@ struct rs_rx {
     size_t   hold_off, hold_cap;
     uint64_t hold_len;        /* held bytes not yet read (read unlocked: atomic) */
     uint64_t held;            /* stream bytes that went through the hold (relaxed) */
+    uint32_t sock_readers;    /* threads in a receive that sleeps on the socket (the preamble's, or
+                               * after a move to TCP): the socket's next bytes are theirs, nobody
+                               * else takes them (the hold, a poll), or nothing would wake them */
     uint64_t hold_seen;       /* rx.bytes when the holder thread last looked (rs_hold.c) */
     int      bell_fd;         /* our event bell (an eventfd) the peer raises, -1 none (rs_bells.c) */
     uint8_t  bell_nsets;      /* epoll instances it was added to, left at free */

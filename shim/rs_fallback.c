@@ -403,7 +403,19 @@ int rs_fb_rx_plain(rs_conn *c)
     return __atomic_load_n(&c->rx.move.state, __ATOMIC_ACQUIRE) == RX_PLAIN;
 }
 
+static ssize_t fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);
+
+/* While a thread is in here, the hold takes nothing off the socket (rs_hold.c): the
+ * bytes that wake it stay there for it.  What the hold took before comes first. */
 ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
+{
+    __atomic_add_fetch(&c->rx.sock_readers, 1, __ATOMIC_SEQ_CST);
+    ssize_t r = fb_recv(c, buf, len, flags, timeout_ms);
+    __atomic_sub_fetch(&c->rx.sock_readers, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+
+static ssize_t fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
     int peek = flags & RS_MSG_PEEK, waitall = (flags & RS_MSG_WAITALL) && !peek;
     int nonblock = (flags & RS_MSG_DONTWAIT) || timeout_ms == 0;
@@ -412,21 +424,26 @@ ssize_t rs_fb_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
     size_t got = 0;
     for (;;) {
         rs_lock(&c->rx.lock);
-        rx_leave_ring(c);
-        int r = rx_resync(c);
+        int r = 1;
         long n = -EAGAIN;
-        if (r == 1) {
-            n = rs_c_recv(c, (uint8_t *)buf + got, len - got, (peek ? MSG_PEEK : 0) | MSG_DONTWAIT);
-            if (n > 0 && !peek) c->rx.bytes += (uint64_t)n;
+        if (c->rx.hold_len && (!peek || !got)) {
+            n = (long)rs_hold_take(c, (uint8_t *)buf + got, len - got, peek);    /* before the socket's */
+        } else {
+            rx_leave_ring(c);
+            r = rx_resync(c);
+            if (r == 1) {
+                n = rs_c_recv(c, (uint8_t *)buf + got, len - got, (peek ? MSG_PEEK : 0) | MSG_DONTWAIT);
+                if (n > 0 && !peek) c->rx.bytes += (uint64_t)n;
+            }
         }
         rs_unlock(&c->rx.lock);
-        if (r == RESYNC_EOF) return 0;
-        if (r < 0) return r;
         if (n > 0) {
             got += (size_t)n;
             if (got == len || !waitall) return (ssize_t)got;
             continue;
         }
+        if (r == RESYNC_EOF) return (ssize_t)got;
+        if (r < 0) return got ? (ssize_t)got : r;
         if (r == 1 && n == 0) return (ssize_t)got;
         if (r == 1 && n != -EAGAIN) return got ? (ssize_t)got : n;
         if (nonblock) return got ? (ssize_t)got : -EAGAIN;

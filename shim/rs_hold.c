@@ -215,7 +215,7 @@ static void fill_locked(rs_conn *c)
         uint8_t *dst = x->hold + x->hold_off + x->hold_len;
         size_t n = want ? rs_rx_take_ring(c, dst, want) : 0;
         int from_ring = n != 0;
-        if (!n && want && rs_rx_on_tcp(c) && !x->cur_len) n = rs_fb_rx_take(c, dst, want);
+        if (!n && want && rs_rx_on_tcp(c) && !x->cur_len && !RS_GET(x->sock_readers)) n = rs_fb_rx_take(c, dst, want);
         if (n) {
             __atomic_store_n(&x->hold_len, x->hold_len + n, __ATOMIC_SEQ_CST);
             __atomic_store_n(&x->held, x->held + n, __ATOMIC_RELAXED);

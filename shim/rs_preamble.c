@@ -235,7 +235,7 @@ int rs_pre_settle(rs_conn *c)
  * next bytes (a doorbell, a RESYNC frame) would be read as a frame header. */
 int rs_pre_settle_locked(rs_conn *c)
 {
-    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err) && !RS_GET(c->rx.pre.readers)) read_header(c);
+    if (c->rx.pre.active && !c->rx.pre.left && !RS_GET(c->err) && !RS_GET(c->rx.sock_readers)) read_header(c);
     return !c->rx.pre.active;
 }
 
@@ -291,9 +291,9 @@ static ssize_t pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeou
  * thread is in here, no other takes a frame header (rs_pre_settle_locked). */
 ssize_t rs_pre_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms)
 {
-    __atomic_add_fetch(&c->rx.pre.readers, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&c->rx.sock_readers, 1, __ATOMIC_SEQ_CST);
     ssize_t r = pre_recv(c, buf, len, flags, timeout_ms);
-    __atomic_sub_fetch(&c->rx.pre.readers, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&c->rx.sock_readers, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
