@@ -313,14 +313,21 @@ class socket(_base):
         return 0
 
     def listen(self, backlog=None):
-        if backlog is None:
-            _base.listen(self)
-        else:
-            _base.listen(self, backlog)
-        if self._inet and not engine.PRELOADED and self._s is None:
-            handle = engine.listen(self.fileno())
+        # The rendezvous name first, so that any client that can connect finds it; a socket
+        # that listen() itself binds to a port registers after.
+        ours = self._inet and not engine.PRELOADED and self._s is None
+        first = ours and self.getsockname()[1] != 0
+        handle = engine.listen(self.fileno()) if first else 0
+        try:
+            _base.listen(self, *(() if backlog is None else (backlog,)))
+        except BaseException:
             if handle > 0:
-                self._track(lib.RS_LISTEN, handle, 0)
+                engine.unlisten(handle)
+            raise
+        if ours and not first:
+            handle = engine.listen(self.fileno())
+        if handle > 0:
+            self._track(lib.RS_LISTEN, handle, 0)
 
     def accept(self):
         if not self._inet:

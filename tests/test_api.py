@@ -639,3 +639,40 @@ def test_o_nonblock_set_on_the_descriptor_is_honoured(pair):
     back: reads with nothing to read and writes with no room fail with EAGAIN at once, as
     they do over TCP."""
     _plain_and_upgraded(pair, _nonblocking_behind_its_back)
+
+
+def test_a_client_that_can_connect_finds_the_listeners_name(monkeypatch):
+    """The rendezvous name is registered before the socket listens: a client whose connect
+    succeeds at the first instant (the first one, while a server starts) must find it, or
+    it goes plain.  Checked at that instant, inside listen(), as such a client would."""
+    from rdmasock import api, rendezvous
+    seen = []
+    real_listen = api._base.listen
+
+    def listen_and_look(sock, *args):
+        real_listen(sock, *args)
+        if sock.family == socket.AF_INET:                      # not the rendezvous' own sockets
+            seen.append(rendezvous.listener_status(*sock.getsockname()[:2])[0])
+    monkeypatch.setattr(api._base, "listen", listen_and_look)
+    ls = rdmasock.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen()
+        assert seen == ["ok"]
+        c = rdmasock.create_connection(ls.getsockname(), timeout=5)
+        s, _ = ls.accept()
+        c.sendall(b"x")
+        assert s.recv(1) == b"x" and c.transport == s.transport == "shm"
+        c.close()
+        s.close()
+    finally:
+        ls.close()
+    # a socket that listen() binds itself registers after (its port is unknown before)
+    seen.clear()
+    ls = rdmasock.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        ls.listen()
+        assert seen == ["absent"]
+        assert rendezvous.listener_status("127.0.0.1", ls.getsockname()[1])[0] == "ok"
+    finally:
+        ls.close()

@@ -324,7 +324,7 @@ static int host_step(int handle, int wait_ms, uintptr_t *out)
     CALL(r = eng.step(handle, wait_ms, out));
     return r;
 }
-static void host_unlisten(int handle)
+void rs_br_unlisten(int handle)
 {
     if (__atomic_load_n(&eng_state, __ATOMIC_ACQUIRE) <= 0) return;
     if (eng.fork_pending() && name_close_in_child(handle)) return;
@@ -384,7 +384,7 @@ static int host_accept_late(int fd)
 }
 
 static const struct rs_host_ops preload_host = {
-    .step = host_step, .drop = rs_br_drop, .unlisten = host_unlisten, .release = host_release,
+    .step = host_step, .drop = rs_br_drop, .unlisten = rs_br_unlisten, .release = host_release,
     .fell_back = host_fell_back, .answer_done = host_answer_done, .accept_late = host_accept_late, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
 };
 

@@ -89,16 +89,31 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
     return r;
 }
 
+/* The port a socket is bound to, 0 if none yet. */
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) return 0;
+    return ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port : ((struct sockaddr_in6 *)&ss)->sin6_port;
+}
+
+/* The rendezvous name is registered before the socket listens: a client that can connect
+ * finds it (registered after, a client in between, typically the first one, while the
+ * engine loads, went plain).  A socket that listen() itself binds to a port registers
+ * after, as it must. */
 RS_EXPORT int listen(int fd, int backlog)
 {
     if (!rs_real.read) rs_real_init();
-    int r = rs_real.listen(fd, backlog);
-    if (r != 0 || PASS || rs_is_tracked(fd) || !is_inet_stream(fd)) return r;
-    int e = errno;
+    if (PASS || rs_is_tracked(fd) || !is_inet_stream(fd)) return rs_real.listen(fd, backlog);
+    int first = bound_port(fd) != 0, handle = 0;
     struct rs_answer *tpl = rs_answer_new();
-    int handle = rs_br_listen(fd, tpl);
+    if (first) handle = rs_br_listen(fd, tpl);
+    int r = rs_real.listen(fd, backlog);
+    int e = errno;
+    if (r == 0 && !first) handle = rs_br_listen(fd, tpl);
     if (handle > 0) {
-        struct rs_sock *s = rs_track(fd, RS_LISTEN);
+        struct rs_sock *s = r == 0 ? rs_track(fd, RS_LISTEN) : NULL;
         if (s) {
             pthread_mutex_lock(&s->lock);
             s->handle = handle;
@@ -106,12 +121,12 @@ RS_EXPORT int listen(int fd, int backlog)
             pthread_mutex_unlock(&s->lock);
             rs_sock_put(s);
         } else {
-            rs_br_drop(handle);
+            rs_br_unlisten(handle);
         }
     }
     free(tpl);
     errno = e;
-    return 0;
+    return r;
 }
 
 static int after_accept(int lfd, int fd)

@@ -128,6 +128,7 @@ void rs_br_hello(int handle);
 /* The control plane fills *answer if the HELLO may be answered in C (struct rs_answer). */
 int  rs_br_accept(int lfd, int fd, struct rs_answer *answer);
 void rs_br_drop(int handle);
+void rs_br_unlisten(int handle);           /* a listener's name, given up */
 void rs_br_plain(int fd, int reason);
 void rs_log_direct(const char *text);     /* "TIME pid=N text" to RDMASOCK_LOG_FILE, from C */
 /* "role=ROLE local=A peer=B WHAT", the engine's connection line, from C */
