@@ -673,24 +673,24 @@ def _socket_shutdown_wr(sock):
         s.close()
 
 
-def case_qp_error():
-    # The streamer forces its own QP to ERR, RDMASOCK_TEST_QP_ERR_AFTER seconds after connecting.
-    os.environ["RDMASOCK_TEST_QP_ERR_AFTER"] = "2"
+def _streamer_qp_error(setting, value, seconds):
+    """The streamer forces its own QP to ERR as `setting` (an environment variable) says."""
+    os.environ[setting] = value
     try:
-        res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=10)
+        res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=seconds)
     finally:
-        del os.environ["RDMASOCK_TEST_QP_ERR_AFTER"]
+        del os.environ[setting]
     return res[0] if isinstance(res, tuple) else res
+
+
+def case_qp_error():
+    # RDMASOCK_TEST_QP_ERR_AFTER seconds after the connection is on rdma
+    return _streamer_qp_error("RDMASOCK_TEST_QP_ERR_AFTER", "2", 10)
 
 
 def case_qp_error_at_answer():
-    # The streamer's QP fails as its handshake ends, while its writes still go as preamble frames.
-    os.environ["RDMASOCK_TEST_QP_ERR_AT_ANSWER"] = "1"
-    try:
-        res = _stream_fault(False, lambda st: None, expect="fallback", settle=0.5, seconds=6)
-    finally:
-        del os.environ["RDMASOCK_TEST_QP_ERR_AT_ANSWER"]
-    return res[0] if isinstance(res, tuple) else res
+    # as its handshake ends, while its writes still go as preamble frames
+    return _streamer_qp_error("RDMASOCK_TEST_QP_ERR_AT_ANSWER", "1", 6)
 
 
 def case_link_down():
