@@ -51,17 +51,27 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
 /* Spinning cannot pay while this thread's CPU has others to run: then the thread itself
  * waits for it.  The kernel counts that wait (/proc/thread-self/schedstat: ns run, ns
  * waited on a run queue); the thread is busy while it waited more than a quarter of the
- * time it ran, over the last 10 ms or more.  One thread's CPU is what matters: a global
- * count of runnable tasks also stops the spinning of a client whose CPU is idle while the
- * server's is crowded.  Read with plain system calls, per thread, at most every 10 ms. */
-static __thread uint64_t busy_at_ns, busy_run_ns, busy_wait_ns;
-static __thread int busy_now;
+ * time it ran since it last looked.  One thread's CPU is what matters: a global count of
+ * runnable tasks also stops the spinning of a client whose CPU is idle while the server's
+ * is crowded.  Looking costs an open, a read and a close (3 to 5 us): a server of a
+ * hundred backends that each looked every 10 ms spent 5% of its CPU on it.  So the
+ * interval starts at 10 ms and doubles, up to 80 ms, while the answer stays the same; a
+ * change of answer, or of the CPU the thread runs on, brings it back to 10 ms. */
+#define BUSY_LOOK_MIN_NS 10000000u
+#define BUSY_LOOK_MAX_NS 80000000u
+static __thread uint64_t busy_at_ns, busy_every_ns, busy_run_ns, busy_wait_ns;
+static __thread int busy_now, busy_cpu;
 
 int rs_cpus_busy(void)
 {
     uint64_t now = rs_now_ns();
-    if (now - busy_at_ns < 10000000u) return busy_now;
+    if (now - busy_at_ns < BUSY_LOOK_MIN_NS) return busy_now;
+    int cpu = sched_getcpu();                 /* glibc reads it from the rseq area: no system call */
+    if (now - busy_at_ns < busy_every_ns && cpu == busy_cpu) return busy_now;
+    uint64_t every = cpu == busy_cpu ? busy_every_ns : 0;    /* moved: partly the old CPU's figures */
+    busy_cpu = cpu;
     busy_at_ns = now;
+    busy_every_ns = BUSY_LOOK_MIN_NS;         /* unless the answer repeats (below) */
     char buf[96];
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return busy_now = 0;
@@ -71,8 +81,11 @@ int rs_cpus_busy(void)
     buf[n] = 0;
     char *end;
     uint64_t run = strtoull(buf, &end, 10), wait = strtoull(end, NULL, 10);
-    int seen = busy_run_ns || busy_wait_ns;
+    /* counters that went back belong to another thread (a forked child's copy of ours) */
+    int seen = (busy_run_ns || busy_wait_ns) && run >= busy_run_ns && wait >= busy_wait_ns, was = busy_now;
     busy_now = seen && (wait - busy_wait_ns) * 4 > run - busy_run_ns;
+    if (seen && busy_now == was && every >= BUSY_LOOK_MIN_NS)
+        busy_every_ns = 2 * every > BUSY_LOOK_MAX_NS ? BUSY_LOOK_MAX_NS : 2 * every;
     busy_run_ns = run;
     busy_wait_ns = wait;
     return busy_now;

@@ -36,6 +36,7 @@ struct ep_set {
     int others;
     uint32_t id;               /* unique in the process: instances reuse numbers */
     uint8_t bells;             /* an event bell was added to this instance */
+    unsigned waits;            /* epoll_waits on it so far (whose turn the kernel's look is) */
     struct ep_member *m;
     int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
                                 * loops change a member's events at every request, in sets of */
@@ -437,11 +438,13 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
 }
 
 /* Settles members still in the handshake (caller holds the set's lock).  *any: the set
- * has upgraded or settling members; *apart: one of them has its peer on another CPU. */
-static void ep_scan(struct ep_set *s, int *any, int *apart)
+ * has upgraded or settling members; *apart: one of them has its peer on another CPU;
+ * *lt_out: one waits for level-triggered EPOLLOUT, which only the kernel's report gives. */
+static void ep_scan(struct ep_set *s, int *any, int *apart, int *lt_out)
 {
-    *any = *apart = 0;
+    *any = *apart = *lt_out = 0;
     for (int i = 0; i < s->n; i++) {
+        if ((s->m[i].events & (EPOLLOUT | EPOLLET)) == EPOLLOUT) *lt_out = 1;
         struct rs_sock *h = rs_handshake_sock(s->m[i].fd);
         if (h) { rs_sock_settle(h); *any = 1; rs_sock_put(h); }
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
@@ -503,8 +506,12 @@ static int plain_wait(int epfd, struct epoll_event *ev, int max, int ms, const s
     }
 }
 
+/* kernel_turn: the first look takes the kernel's events too.  Every other wait it does
+ * not: a server's wait mostly finds its ring ready, or sleeps in the kernel's wait, which
+ * reports what the look would have; the other descriptors (a latch, a listener) are
+ * reported at the latest by the next wait, as ready ones take turns in the kernel's too. */
 static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask,
-                       int apart)
+                       int apart, int kernel_turn)
 {
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
@@ -513,7 +520,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
     struct rs_sigwait sw = { 0 };
     for (unsigned it = 0;; it++) {
         int k = 0;
-        if ((it & 15) == 0) {
+        if ((it & 15) == 0 && (it || kernel_turn)) {
             k = rs_real.epoll_wait(epfd, ev, max, 0);
             if (k < 0) { rs_sigwait_end(&sw); return k; }
         }
@@ -609,17 +616,18 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
                         const struct timespec *ts2)
 {
     struct ep_set *s = max > 0 && !rs_in_engine ? set_get(epfd) : NULL;
-    int any = 0, apart = 0;
+    int any = 0, apart = 0, lt_out = 0, turn = 0;
     if (s) {
         pthread_mutex_lock(&s->lock);
-        ep_scan(s, &any, &apart);
+        ep_scan(s, &any, &apart, &lt_out);
+        turn = lt_out || (s->waits++ & 1);
         pthread_mutex_unlock(&s->lock);
     }
     int r;
     if (!any) {
         r = plain_wait(epfd, ev, max, timeout_ms, mask, ts2);
     } else {
-        r = epoll_rings(epfd, s, ev, max, timeout_ms, mask, apart);
+        r = epoll_rings(epfd, s, ev, max, timeout_ms, mask, apart, turn);
     }
     if (s) set_put(s);
     return r;
