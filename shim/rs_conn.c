@@ -72,6 +72,7 @@ rs_conn *rs_conn_alloc(void)
     if (posix_memalign(&p, 64, sizeof(rs_conn))) return NULL;
     memset(p, 0, sizeof(rs_conn));
     ((rs_conn *)p)->rx.flags_unseen = 1;       /* until a front-end that sees fcntl says otherwise */
+    ((rs_conn *)p)->rx.app_flags = -1;
     ((rs_conn *)p)->ops = &rs_transport_tcp;   /* until a ring transport attaches */
     ((rs_conn *)p)->rx.bell_fd = ((rs_conn *)p)->tx.bell_fd = -1;    /* no event bells (rs_bells.c) */
     return p;
@@ -118,10 +119,16 @@ int rs_conn_describe(rs_conn *c, char *buf, size_t n)
     return k;
 }
 
+long rs_conn_app_flags(rs_conn *c)
+{
+    if (!c->rx.flags_unseen) return -1;
+    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    return fl < 0 ? -1 : fl;
+}
+
 int rs_conn_app_nonblocking(rs_conn *c)
 {
-    if (!c->rx.flags_unseen) return 0;
-    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    long fl = rs_conn_app_flags(c);
     return fl >= 0 && (fl & O_NONBLOCK);
 }
 

@@ -100,6 +100,8 @@ struct rs_rx {
     uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
     uint8_t  flags_unseen;    /* the program's fcntl calls are not seen (Python API): O_ASYNC is
                                * looked up on the socket when going idle */
+    long     app_flags;       /* flags_unseen: F_GETFL as the receive about to go idle just read it,
+                               * for that going idle's O_ASYNC look (under lock); -1 none */
     uint8_t  anc_opts;        /* receive options the program set (rs_report.c), 0 unknown */
     uint64_t last_peek_ns;    /* when going idle last peeked at the socket for EOF (rs_shm.c) */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
@@ -225,6 +227,8 @@ int      rs_conn_describe(rs_conn *c, char *buf, size_t n);    /* one line of st
  * is about to wait: 1 if it must not wait.  (A timed call waits whatever the flag: the
  * Python API, like CPython, keeps sockets with a timeout in O_NONBLOCK mode itself.) */
 int      rs_conn_app_nonblocking(rs_conn *c);
+/* The descriptor's flags (F_GETFL) where the front-end does not see them, else -1. */
+long     rs_conn_app_flags(rs_conn *c);
 
 /* rs_report.c: the socket's reports about the stream */
 void     rs_conn_tcp_info(rs_conn *c, uint64_t in, uint64_t out, void *info, unsigned len);

@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -519,8 +520,12 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             rs_lock(&c->rx.lock);
             if (found) continue;
         }
-        /* about to sleep: the program may have made the descriptor non-blocking */
-        if (!nonblock && deadline == RS_NEVER && !looked_flags++ && rs_conn_app_nonblocking(c)) nonblock = 1;
+        /* about to sleep: the program may have made the descriptor non-blocking (and the
+         * going idle below looks at O_ASYNC in the same flags) */
+        if (!nonblock && deadline == RS_NEVER && !looked_flags++) {
+            c->rx.app_flags = rs_conn_app_flags(c);
+            if (c->rx.app_flags >= 0 && (c->rx.app_flags & O_NONBLOCK)) nonblock = 1;
+        }
         const uint32_t *word = NULL;
         uint32_t seen = 0;
         int ready = -1;
@@ -533,6 +538,7 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
             word = NULL;
             ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
         }
+        c->rx.app_flags = -1;                   /* the next going idle looks for itself */
         if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
         if (nonblock || rs_passed(deadline)) {
             if (quiet) continue;                /* woken at the top, and looked at again */

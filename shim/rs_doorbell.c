@@ -100,7 +100,9 @@ static void bell_every_locked(rs_conn *c, int on)
 static void see_async_flag(rs_conn *c)
 {
     if (!c->rx.flags_unseen) return;
-    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    long fl = c->rx.app_flags;                  /* read by this receive a moment ago: one look */
+    c->rx.app_flags = -1;
+    if (fl < 0) fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
     if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
 }
 
