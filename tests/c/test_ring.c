@@ -1474,6 +1474,72 @@ static void t_hold_then_move(void)
     pair_close(&p);
 }
 
+/* After the peer's direction moved to TCP, a reader thread asleep on the socket in recv
+ * and a writer thread of the same program waiting for room (whose wait fills the hold):
+ * what the peer sends over TCP must reach the reader, in order.  Taken into the hold by
+ * the writer, it woke nobody: the reader slept on, read the next bytes first, or saw the
+ * end of the stream before held bytes.  The peer sends byte by byte, so that each byte
+ * is a race between the two threads.  (The window of that bug, between the reader's
+ * last look and its sleep, is too narrow to hit from here: this checks the behaviour,
+ * it does not reproduce the bug.) */
+#define FB_RACE_BYTES 40
+struct fb_reader { rs_conn *c; uint8_t buf[FB_RACE_BYTES]; size_t got; ssize_t err; };
+
+static void *fb_reader_run(void *arg)
+{
+    struct fb_reader *r = arg;
+    while (r->got < sizeof r->buf) {
+        ssize_t n = rs_recv(r->c, r->buf + r->got, sizeof r->buf - r->got, 0, 3000);
+        if (n <= 0) { r->err = n; break; }
+        r->got += (size_t)n;
+    }
+    return NULL;
+}
+
+struct fb_writer { rs_conn *c; uint64_t pos; ssize_t n; };
+
+static void *fb_writer_run(void *arg)
+{
+    struct fb_writer *w = arg;
+    uint8_t buf[1000];
+    fill_pat(buf, 23, w->pos, sizeof buf);
+    w->n = rs_send(w->c, buf, sizeof buf, 0, 1000);  /* no room: waits, fills the hold, times out */
+    return NULL;
+}
+
+static void t_fb_reader_keeps_its_bytes(void)
+{
+    for (int i = 0; i < 2; i++) {
+        struct pair p;
+        pair_open_hold(&p, 4096);
+        p.srv->ops = &rs_transport_shm;              /* the peer's side does not hold */
+        CHECK_EQ(rs_fb_move_tx(p.srv, RS_REASON_URGENT_DATA, 1000), 0);
+        CHECK_EQ(rs_rx_reach_tcp(p.cli), 1);         /* the client read the MOVED record */
+        uint64_t wpos = 0;
+        fill_ring(p.cli, 1000, 23, &wpos);           /* its ring to the server: full */
+        struct fb_reader r = { .c = p.cli };
+        struct fb_writer w = { .c = p.cli, .pos = wpos };
+        pthread_t tr, tw;
+        CHECK_EQ(pthread_create(&tr, NULL, fb_reader_run, &r), 0);
+        CHECK_EQ(pthread_create(&tw, NULL, fb_writer_run, &w), 0);
+        usleep(2 * RS_HOLD_AFTER_MS * 1000);         /* the writer waiting, holding */
+        uint8_t b[FB_RACE_BYTES];
+        fill_pat(b, 25, 0, sizeof b);
+        for (size_t k = 0; k < sizeof b; k++) {
+            CHECK_EQ(rs_send(p.srv, b + k, 1, 0, 1000), 1);
+            usleep(3000);
+        }
+        CHECK_EQ(pthread_join(tr, NULL), 0);
+        CHECK_EQ(pthread_join(tw, NULL), 0);
+        CHECK(r.got == sizeof b, "round %d: the reader got %zu of %zu bytes (%s), hold %u", i, r.got, sizeof b,
+              r.err < 0 ? strerror((int)-r.err) : "", (unsigned)p.cli->rx.hold_len);
+        VERIFY_PAT(r.buf, 25, 0, r.got);
+        CHECK_EQ(w.n, -EAGAIN);
+        expect_pat(p.srv, 23, &(uint64_t){ 0 }, (size_t)wpos);
+        pair_close(&p);
+    }
+}
+
 /* A program that waits writing to one connection fills the holds of its others: P sends
  * 1 MiB on A, whose reader Y reads only once X has sent 1 MiB to P on B; P reads B only
  * after its send on A.  Over TCP the kernel takes X's bytes meanwhile.  X writes without
@@ -3912,6 +3978,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_order", t_pre_order },
     { "pre_peek", t_pre_peek },
     { "pre_switch_stays_the_readers", t_pre_switch_stays_the_readers },
+    { "fb_reader_keeps_its_bytes", t_fb_reader_keeps_its_bytes },
     { "pre_waitall", t_pre_waitall },
     { "pre_tcp", t_pre_tcp },
     { "pre_garbage", t_pre_garbage },
