@@ -81,7 +81,7 @@ CHECKS = {
         ppoll_idle ppoll_readable_after_delay ppoll_idle_after_read ppoll_writable
         select_idle select_readable_after_delay select_idle_after_read select_writable
         pselect_idle pselect_readable_after_delay pselect_idle_after_read pselect_writable
-        epoll_ctl_add epoll_idle epoll_readable_after_delay epoll_lt_still_readable epoll_other_ready_not_starved epoll_idle_after_read
+        epoll_ctl_add epoll_idle epoll_readable_after_delay epoll_lt_still_readable epoll_other_ready_not_starved epoll_idle_after_read epoll_zero_timeout_sees_others
         epoll_pwait_readable epoll_pwait2_readable epoll_out epoll_ctl_del
         epoll_create_ctl_et epollet_idle epollet_edge epollet_no_repeat epollet_new_edge epollet_data
         oneshot_first oneshot_disarmed oneshot_disarmed_new_data oneshot_rearm oneshot_data

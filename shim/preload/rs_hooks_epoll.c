@@ -506,10 +506,24 @@ static int plain_wait(int epfd, struct epoll_event *ev, int max, int ms, const s
     }
 }
 
+/* One look at the rings, and at the kernel's events first if `kernel`: how many events
+ * are in ev, or -1 (errno). */
+static int ep_look(int epfd, struct ep_set *s, struct epoll_event *ev, int max, int kernel)
+{
+    int k = kernel ? rs_real.epoll_wait(epfd, ev, max, 0) : 0, bells;
+    if (k < 0) return k;
+    pthread_mutex_lock(&s->lock);
+    if (k > 0) k = ep_filter_out(epfd, s, ev, k, &bells);
+    int n = ep_from_rings(epfd, s, ev, k, max);
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 /* kernel_turn: the first look takes the kernel's events too.  Every other wait it does
  * not: a server's wait mostly finds its ring ready, or sleeps in the kernel's wait, which
  * reports what the look would have; the other descriptors (a latch, a listener) are
- * reported at the latest by the next wait, as ready ones take turns in the kernel's too. */
+ * reported at the latest by the next wait, as ready ones take turns in the kernel's too.
+ * A wait that ends empty without having asked the kernel asks it once before it returns. */
 static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int max, int timeout_ms, const sigset_t *mask,
                        int apart, int kernel_turn)
 {
@@ -518,17 +532,12 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
     uint64_t budget = apart ? rs_spin_allow(rs_wait_spin(), apart) : 0;   /* spin only for peers on other CPUs */
     uint64_t spin_end = rs_earlier(start + budget, deadline);
     struct rs_sigwait sw = { 0 };
+    int kernel_seen = 0;
     for (unsigned it = 0;; it++) {
-        int k = 0;
-        if ((it & 15) == 0 && (it || kernel_turn)) {
-            k = rs_real.epoll_wait(epfd, ev, max, 0);
-            if (k < 0) { rs_sigwait_end(&sw); return k; }
-        }
-        int bells;
-        pthread_mutex_lock(&s->lock);
-        if (k > 0) k = ep_filter_out(epfd, s, ev, k, &bells);
-        int n = ep_from_rings(epfd, s, ev, k, max);
-        pthread_mutex_unlock(&s->lock);
+        int kernel = (it & 15) == 0 && (it || kernel_turn);
+        kernel_seen |= kernel;
+        int n = ep_look(epfd, s, ev, max, kernel);
+        if (n < 0) { rs_sigwait_end(&sw); return n; }
         if (n) { rs_sigwait_end(&sw); if (timeout_ms && apart) rs_spin_result(rs_wait_spin(), 1); return n; }
         if (rs_now_ns() >= spin_end) break;
         if (rs_spin_pause(rs_now_ns() - start, &sw)) break;
@@ -538,7 +547,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
     unsigned nap_us = 20;
     uint64_t words_until = mask ? 0 : start + RS_WORD_WINDOW_MS * 1000000ull;
     for (;;) {
-        if (timeout_ms == 0 || rs_passed(deadline)) return 0;
+        if (timeout_ms == 0 || rs_passed(deadline)) return kernel_seen ? 0 : ep_look(epfd, s, ev, max, 1);
         if (!rs_passed(words_until)) {
             /* the word sleeps of one wait last RS_WORD_WINDOW_MS at most: then the kernel's,
              * which sees a peer that died */
@@ -596,6 +605,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         if (n) return n;
         int ms = rs_min_ms(rs_ms_until(deadline), resend ? 10 : cap);
         int k = kernel_wait(epfd, ev, max, ms, mask);
+        kernel_seen = 1;
         if (k < 0) return k;
         if (k == 0) continue;          /* the deadline, or a limit above: look at the rings again */
         int bells;

@@ -1360,6 +1360,12 @@ static void epoll_lt_server(void)
     ok = recv_pat(fd, 95, 40, 60, why, sizeof why);
     n = ep_wait1(ep, 50, &got, 0);
     CHECK("epoll_idle_after_read", ok && n == 0, "%s; epoll_wait returned %d events %#x", why, n, n > 0 ? got.events : 0);
+    /* the ring empty, the pipe readable: every call that does not wait reports it */
+    int pipe_calls = 0;
+    if (write(pp[1], "q", 1) == 1)
+        for (int i = 0; i < 3; i++) pipe_calls += epoll_wait(ep, &got, 1, 0) == 1 && got.data.u64 == 7;
+    CHECK("epoll_zero_timeout_sees_others", pipe_calls == 3 && read(pp[0], &pb, 1) == 1,
+          "a readable pipe was reported by %d of 3 epoll_wait calls with timeout 0", pipe_calls);
     ctl_send("go2", 0);
     n = ep_wait1(ep, WAIT_MS, &got, 1);
     ok = recv_pat(fd, 96, 0, 10, why, sizeof why);
