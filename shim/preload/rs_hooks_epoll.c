@@ -445,14 +445,14 @@ static void ep_scan(struct ep_set *s, int *any, int *apart, int *lt_out)
     *any = *apart = *lt_out = 0;
     for (int i = 0; i < s->n; i++) {
         if ((s->m[i].events & (EPOLLOUT | EPOLLET)) == EPOLLOUT) *lt_out = 1;
-        struct rs_sock *h = rs_handshake_sock(s->m[i].fd);
-        if (h) { rs_sock_settle(h); *any = 1; rs_sock_put(h); }
-        struct rs_sock *k = rs_ring_sock(s->m[i].fd);
-        if (k) {
+        struct rs_sock *k = rs_waited_sock(s->m[i].fd);       /* one look-up for both questions */
+        if (!k) continue;
+        if (rs_sock_in_handshake(k)) { rs_sock_settle(k); *any = 1; }
+        if (rs_ring_answers(k)) {
             *any = 1;
             if (!rs_peer_shares_cpu(k->conn)) ++*apart;
-            rs_sock_put(k);
         }
+        rs_sock_put(k);
     }
 }
 
@@ -592,15 +592,11 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
                 if (m == 0 && (s->m[i].events & EPOLLET)) m = -1;
                 cap = rs_min_ms(cap, m);
             }
-            rs_sock_put(k);
-        }
-        if (ready) n = ep_from_rings(epfd, s, ev, 0, max);
-        for (int i = 0; i < s->n && !n; i++) {      /* a resend after an RDMA failure: push it now and then */
-            struct rs_sock *k = rs_ring_sock(s->m[i].fd);
-            if (!k) continue;
+            /* a resend after an RDMA failure: push it now and then */
             if (rs_fb_tx_pending(k->conn)) { rs_fb_kick(k->conn); resend = 1; }
             rs_sock_put(k);
         }
+        if (ready) n = ep_from_rings(epfd, s, ev, 0, max);
         pthread_mutex_unlock(&s->lock);
         if (n) return n;
         int ms = rs_min_ms(rs_ms_until(deadline), resend ? 10 : cap);

@@ -135,6 +135,8 @@ void rs_log_direct(const char *text);     /* "TIME pid=N text" to RDMASOCK_LOG_F
 void rs_log_connection(int fd, const char *role, const char *what);
 
 /* ---- rs_ready.c ------------------------------------------------------------------ */
+struct rs_sock *rs_waited_sock(int fd);    /* fd's tracked socket, any state: referenced */
+int   rs_ring_answers(struct rs_sock *s);   /* upgraded: its ring answers readiness */
 struct rs_sock *rs_ring_sock(int fd);      /* upgraded, ring answers readiness: referenced */
 struct rs_sock *rs_handshake_sock(int fd); /* kernel bytes may not be data yet: referenced */
 int   rs_only_handshake(struct rs_sock *s);

@@ -28,25 +28,31 @@ struct rs_spin *rs_wait_spin(void)
     return &wait_spin;
 }
 
-struct rs_sock *rs_ring_sock(int fd)
+struct rs_sock *rs_waited_sock(int fd)
 {
     if (rs_in_engine) return NULL;
     rs_adopt_if_due(fd);
-    struct rs_sock *s = rs_sock_of(fd);
-    if (!s) return NULL;
-    /* During a server's preamble too: writability is the ring's, and the client's frames
-     * are readable data (rs_rx_ready).  fb_done: plain TCP again. */
-    if (rs_sock_state(s) == RS_RING && !__atomic_load_n(&s->conn->fb_done, __ATOMIC_ACQUIRE))
-        return s;
+    return rs_sock_of(fd);
+}
+
+/* During a server's preamble too: writability is the ring's, and the client's frames are
+ * readable data (rs_rx_ready).  fb_done: plain TCP again. */
+int rs_ring_answers(struct rs_sock *s)
+{
+    return rs_sock_state(s) == RS_RING && !__atomic_load_n(&s->conn->fb_done, __ATOMIC_ACQUIRE);
+}
+
+struct rs_sock *rs_ring_sock(int fd)
+{
+    struct rs_sock *s = rs_waited_sock(fd);
+    if (!s || rs_ring_answers(s)) return s;
     rs_sock_put(s);
     return NULL;
 }
 
 struct rs_sock *rs_handshake_sock(int fd)
 {
-    if (rs_in_engine) return NULL;
-    rs_adopt_if_due(fd);
-    struct rs_sock *s = rs_sock_of(fd);
+    struct rs_sock *s = rs_waited_sock(fd);
     if (!s) return NULL;
     if (rs_sock_in_handshake(s)) return s;
     rs_sock_put(s);
