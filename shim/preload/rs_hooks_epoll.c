@@ -37,6 +37,9 @@ struct ep_set {
     uint32_t id;               /* unique in the process: instances reuse numbers */
     uint8_t bells;             /* an event bell was added to this instance */
     unsigned waits;            /* epoll_waits on it so far (whose turn the kernel's look is) */
+    uint8_t scan_ok;           /* the last ep_scan holds: members upgraded, none in its handshake, */
+    uint8_t scan_apart, scan_lt_out;   /* no epoll_ctl since, and what it found */
+    uint64_t scan_ns;
     struct ep_member *m;
     int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
                                 * loops change a member's events at every request, in sets of */
@@ -143,6 +146,7 @@ static void drop_member(struct ep_set *s, int fd)
 {
     int i = find_member(s, fd);
     if (i >= s->n) return;
+    s->scan_ok = 0;
     set_slot(s, fd, -1);
     s->m[i] = s->m[--s->n];
     if (i < s->n) set_slot(s, s->m[i].fd, i);
@@ -188,6 +192,7 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
         }
         if (i == s->n && i < s->cap && set_slot(s, fd, i) < 0) i = s->cap;     /* not kept: no memory */
         if (i < s->cap) {
+            s->scan_ok = 0;
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
             s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = 0;
@@ -438,22 +443,51 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
 }
 
 /* Settles members still in the handshake (caller holds the set's lock).  *any: the set
- * has upgraded or settling members; *apart: one of them has its peer on another CPU;
- * *lt_out: one waits for level-triggered EPOLLOUT, which only the kernel's report gives. */
-static void ep_scan(struct ep_set *s, int *any, int *apart, int *lt_out)
+ * has upgraded or settling members; *apart: one of them (2: more) has its peer on another
+ * CPU; *lt_out: one waits for level-triggered EPOLLOUT, which only the kernel's report
+ * gives; *settling: one is still in its handshake. */
+static void ep_scan(struct ep_set *s, int *any, int *apart, int *lt_out, int *settling)
 {
-    *any = *apart = *lt_out = 0;
+    *any = *apart = *lt_out = *settling = 0;
     for (int i = 0; i < s->n; i++) {
         if ((s->m[i].events & (EPOLLOUT | EPOLLET)) == EPOLLOUT) *lt_out = 1;
         struct rs_sock *k = rs_waited_sock(s->m[i].fd);       /* one look-up for both questions */
         if (!k) continue;
-        if (rs_sock_in_handshake(k)) { rs_sock_settle(k); *any = 1; }
+        if (rs_sock_in_handshake(k)) {
+            rs_sock_settle(k);
+            *any = 1;
+            if (rs_sock_in_handshake(k)) *settling = 1;
+        }
         if (rs_ring_answers(k)) {
             *any = 1;
-            if (!rs_peer_shares_cpu(k->conn)) ++*apart;
+            if (*apart < 2 && !rs_peer_shares_cpu(k->conn)) ++*apart;
         }
         rs_sock_put(k);
     }
+}
+
+/* ep_scan, or what it found last (caller holds the set's lock).  A server's wait asks it
+ * of a thousand members: a look-up and a line of shared memory each, most of its time at
+ * a thousand connections.  So its answer is kept while it holds: upgraded members and
+ * none in its handshake (a wait must settle those), no epoll_ctl since, at most 10 ms
+ * old (a peer that moved to another CPU, a member gone back to TCP: the wait tells them
+ * as before, it only spins or looks a little differently meanwhile).  A set without
+ * upgraded members is always scanned: its wait would not arm a ring that became one. */
+static void ep_scan_kept(struct ep_set *s, int *any, int *apart, int *lt_out)
+{
+    uint64_t now = rs_now_ns();
+    if (s->scan_ok && now - s->scan_ns < 10000000u) {
+        *any = 1;
+        *apart = s->scan_apart;
+        *lt_out = s->scan_lt_out;
+        return;
+    }
+    int settling;
+    ep_scan(s, any, apart, lt_out, &settling);
+    s->scan_ok = *any && !settling;
+    s->scan_apart = (uint8_t)*apart;
+    s->scan_lt_out = (uint8_t)*lt_out;
+    s->scan_ns = now;
 }
 
 /* Every member of the set is a tracked socket waited on for input, whose peer can raise a
@@ -625,7 +659,7 @@ static int epoll_common(int epfd, struct epoll_event *ev, int max, int timeout_m
     int any = 0, apart = 0, lt_out = 0, turn = 0;
     if (s) {
         pthread_mutex_lock(&s->lock);
-        ep_scan(s, &any, &apart, &lt_out);
+        ep_scan_kept(s, &any, &apart, &lt_out);
         turn = lt_out || (s->waits++ & 1);
         pthread_mutex_unlock(&s->lock);
     }
