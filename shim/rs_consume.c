@@ -242,7 +242,8 @@ static int rx_activity(rs_conn *c)
 int rs_rx_maybe_ready(rs_conn *c)
 {
     if (!rs_trylock(&c->rx.lock)) return 1;           /* the reader zeroes what it consumed */
-    int r = rx_activity(c) || c->rx.fin_seen || RS_GET(c->err) || c->rx.pre.active || c->rx.move.state;
+    int r = rx_activity(c) || c->rx.fin_seen || RS_GET(c->err) || RS_GET(c->tcp_eof) || c->rx.pre.active ||
+            c->rx.move.state;
     rs_unlock(&c->rx.lock);
     return r;
 }

@@ -81,6 +81,41 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert "shm" in open(tmp_path / "log").read()
 
 
+@pytest.mark.parametrize("how", ["poll", "select", "epoll"])
+def test_dead_peer_makes_the_socket_readable(how, tmp_path):
+    """A peer process killed without closing: over TCP the socket reads as readable (the
+    end of the stream, or a reset), so a program that waits for input and then reads
+    learns of it.  The same under the preload: a wait for input that reported only a
+    hang-up left pgbench polling its dead connections in a loop."""
+    prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dead_peer_wait.py")
+    run = [sys.executable, "-m", "rdmasock", "run", "--"]
+    seen = {}
+    for mode in ("plain", "preload"):
+        pre = run if mode == "preload" else []
+        env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", how], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env=env)
+        cli = None
+        try:
+            port = srv.stdout.readline().split()[1].decode()
+            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port], stdout=subprocess.PIPE, env=env)
+            assert cli.stdout.readline() == b"ready\n"
+            assert srv.stdout.readline() == b"served\n"
+            cli.kill()
+            cli.wait(10)
+            t0 = time.monotonic()
+            seen[mode] = srv.communicate(b"go\n", timeout=30)[0]
+            assert time.monotonic() - t0 < 8, "the wait took its whole timeout"
+        finally:
+            for p in (cli, srv):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    assert seen["plain"] == b'{"readable": true, "read": 0}\n'
+    assert seen["preload"] == seen["plain"]
+    assert "shm" in open(tmp_path / "log").read()
+
+
 def test_full_ring_backpressure(pair):
     """A reader that takes nothing: the writer fills the ring, then (after the ring stayed
     full a moment) the socket buffers it lends (SPILL), then waits, as over TCP; the

@@ -70,7 +70,9 @@ short rs_ring_revents(rs_conn *c, short events)
     short r = 0;
     if (RS_GET(c->err)) r |= POLLERR;
     if (RS_GET(c->tcp_eof)) r |= POLLHUP;
-    if ((events & (POLLIN | POLLRDNORM)) && rs_rx_ready(c)) r |= events & (POLLIN | POLLRDNORM);
+    /* a peer gone: a read returns the end of the stream or the reset, as over TCP, whose
+     * socket is then readable too (a wait for input that saw only POLLHUP would never read) */
+    if ((events & (POLLIN | POLLRDNORM)) && (RS_GET(c->tcp_eof) || rs_rx_ready(c))) r |= events & (POLLIN | POLLRDNORM);
     if ((events & POLLRDHUP) && (c->rx.fin_seen || RS_GET(c->tcp_eof))) r |= POLLRDHUP;
     if ((events & (POLLOUT | POLLWRNORM)) && rs_tx_writable(c)) r |= events & (POLLOUT | POLLWRNORM);
     return r;
