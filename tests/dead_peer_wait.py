@@ -1,9 +1,9 @@
 """A server that waits for readability after its peer died, for tests/test_faults.py.
 
-server HOW: accepts one connection, reads "hello", answers "ok", prints "port"-less
-            "served", then waits (HOW: poll, select or epoll, level-triggered, 10 s at most)
-            until the socket reads as readable, reads, and prints what it saw as JSON:
-            {"readable": bool, "read": n or error name}.  Prints "port N" first.
+server HOW: prints "port N", accepts one connection, reads "hello", answers "ok", prints
+            "served"; after a line on stdin (the test killed the client) waits for input
+            (HOW: poll, select or epoll, level-triggered, 10 s at most), reads, and prints
+            what it saw as JSON: {"readable": bool, "read": n or error name}.
 client PORT: connects, sends "hello", reads "ok", prints "ready", then sleeps (to be killed)."""
 import json
 import select

@@ -4,6 +4,7 @@ import glob
 import os
 import pwd
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +49,38 @@ def test_peer_sigkilled_writer_sees_error(peers):
     c.close()
 
 
+def _around_a_client_death(tmp_path, prog, server_args, client_args, end_client, server_says=None, server_input=None):
+    """Runs prog's server and client (tests/*.py programs) twice: plain, then both under the
+    preload.  Once the client printed "ready" (and the server `server_says`), end_client(cli)
+    ends it; returns {mode: (the server's output after that, seconds it took)}."""
+    run = [sys.executable, "-m", "rdmasock", "run", "--"]
+    outs = {}
+    for mode in ("plain", "preload"):
+        pre = run if mode == "preload" else []
+        env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server"] + server_args, stdout=subprocess.PIPE, env=env,
+                               stdin=subprocess.PIPE if server_input else None)
+        cli = None
+        try:
+            port = srv.stdout.readline().split()[1].decode()
+            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port] + client_args, stdout=subprocess.PIPE,
+                                   env=env)
+            assert cli.stdout.readline() == b"ready\n"
+            if server_says:
+                assert srv.stdout.readline() == server_says
+            end_client(cli)
+            cli.wait(10)
+            t0 = time.monotonic()
+            outs[mode] = (srv.communicate(server_input, timeout=60)[0], time.monotonic() - t0)
+        finally:
+            for p in (cli, srv):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    assert "shm" in open(tmp_path / "log").read()
+    return outs
+
+
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     """A client process that dies after its last read, leaving nothing of the server's
@@ -55,30 +88,13 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     the preload (both ends), whichever way each connection's first bytes travelled
     (preamble frame or ring), and whatever doorbells the client left unread."""
     prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "echo_threads.py")
-    run = [sys.executable, "-m", "rdmasock", "run", "--"]
-    ends = {}
-    for mode in ("plain", "preload"):
-        pre = run if mode == "preload" else []
-        env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
-        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", "30"], stdout=subprocess.PIPE, env=env)
-        cli = None
-        try:
-            port = srv.stdout.readline().split()[1].decode()
-            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port, "30", "wait"], stdout=subprocess.PIPE,
-                                   env=env)
-            assert cli.stdout.readline() == b"ready\n"
-            time.sleep(0.2)
-            cli.send_signal(getattr(__import__("signal"), how))
-            cli.wait(10)
-            ends[mode] = srv.communicate(timeout=60)[0]
-        finally:
-            for p in (cli, srv):
-                if p is not None and p.poll() is None:
-                    p.kill()
-                    p.wait(10)
-    assert ends["plain"] == b'{"eof": 30}\n'
-    assert ends["preload"] == ends["plain"]
-    assert "shm" in open(tmp_path / "log").read()
+
+    def end(cli):
+        time.sleep(0.2)
+        cli.send_signal(getattr(signal, how))
+    ends = _around_a_client_death(tmp_path, prog, ["30"], ["30", "wait"], end)
+    assert ends["plain"][0] == b'{"eof": 30}\n'
+    assert ends["preload"][0] == ends["plain"][0]
 
 
 @pytest.mark.parametrize("how", ["poll", "select", "epoll"])
@@ -88,32 +104,10 @@ def test_dead_peer_makes_the_socket_readable(how, tmp_path):
     learns of it.  The same under the preload: a wait for input that reported only a
     hang-up left pgbench polling its dead connections in a loop."""
     prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dead_peer_wait.py")
-    run = [sys.executable, "-m", "rdmasock", "run", "--"]
-    seen = {}
-    for mode in ("plain", "preload"):
-        pre = run if mode == "preload" else []
-        env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
-        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", how], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, env=env)
-        cli = None
-        try:
-            port = srv.stdout.readline().split()[1].decode()
-            cli = subprocess.Popen(pre + ["/usr/bin/python3", prog, "client", port], stdout=subprocess.PIPE, env=env)
-            assert cli.stdout.readline() == b"ready\n"
-            assert srv.stdout.readline() == b"served\n"
-            cli.kill()
-            cli.wait(10)
-            t0 = time.monotonic()
-            seen[mode] = srv.communicate(b"go\n", timeout=30)[0]
-            assert time.monotonic() - t0 < 8, "the wait took its whole timeout"
-        finally:
-            for p in (cli, srv):
-                if p is not None and p.poll() is None:
-                    p.kill()
-                    p.wait(10)
-    assert seen["plain"] == b'{"readable": true, "read": 0}\n'
-    assert seen["preload"] == seen["plain"]
-    assert "shm" in open(tmp_path / "log").read()
+    seen = _around_a_client_death(tmp_path, prog, [how], [], lambda cli: cli.kill(), b"served\n", b"go\n")
+    assert seen["plain"][0] == b'{"readable": true, "read": 0}\n'
+    assert seen["preload"][0] == seen["plain"][0]
+    assert seen["preload"][1] < 8, "the wait took its whole timeout"
 
 
 def test_full_ring_backpressure(pair):
