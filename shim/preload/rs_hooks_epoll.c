@@ -37,8 +37,8 @@ struct ep_set {
     uint32_t id;               /* unique in the process: instances reuse numbers */
     uint8_t bells;             /* an event bell was added to this instance */
     unsigned waits;            /* epoll_waits on it so far (whose turn the kernel's look is) */
-    uint8_t scan_ok;           /* the last ep_scan holds: members upgraded, none in its handshake, */
-    uint8_t scan_apart, scan_lt_out;   /* no epoll_ctl since, and what it found */
+    uint8_t scan_ok;           /* the last ep_scan holds (ep_scan_kept), and what it found: */
+    uint8_t scan_apart, scan_lt_out;
     uint64_t scan_ns;
     struct ep_member *m;
     int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
