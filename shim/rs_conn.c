@@ -72,7 +72,6 @@ rs_conn *rs_conn_alloc(void)
     if (posix_memalign(&p, 64, sizeof(rs_conn))) return NULL;
     memset(p, 0, sizeof(rs_conn));
     ((rs_conn *)p)->rx.flags_unseen = 1;       /* until a front-end that sees fcntl says otherwise */
-    ((rs_conn *)p)->rx.app_flags = -1;
     ((rs_conn *)p)->ops = &rs_transport_tcp;   /* until a ring transport attaches */
     ((rs_conn *)p)->rx.bell_fd = ((rs_conn *)p)->tx.bell_fd = -1;    /* no event bells (rs_bells.c) */
     return p;

@@ -100,8 +100,6 @@ struct rs_rx {
     uint8_t  bell_every;      /* the program takes SIGIO (O_ASYNC): a doorbell for every publication */
     uint8_t  flags_unseen;    /* the program's fcntl calls are not seen (Python API): O_ASYNC is
                                * looked up on the socket when going idle */
-    long     app_flags;       /* flags_unseen: F_GETFL as the receive about to go idle just read it,
-                               * for that going idle's O_ASYNC look (under lock); -1 none */
     uint8_t  anc_opts;        /* receive options the program set (rs_report.c), 0 unknown */
     uint64_t last_peek_ns;    /* when going idle last peeked at the socket for EOF (rs_shm.c) */
     uint64_t suspect_pos, suspect_since;     /* rdma: a record that looked corrupt (rs_consume.c) */
@@ -312,9 +310,9 @@ int      rs_bell_read_result(rs_conn *c, long n);
 void     rs_note_sock_error(rs_conn *c, int e);
 int      rs_rx_go_idle(rs_conn *c);
 int      rs_rx_go_idle_event(rs_conn *c);
-int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room);
+int      rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room, long app_flags);
 int      rs_rx_word_woken_locked(rs_conn *c);
-int      rs_rx_go_idle_locked(rs_conn *c);
+int      rs_rx_go_idle_locked(rs_conn *c, long app_flags);
 int      rs_rx_nonblock_empty(rs_conn *c);
 void     rs_rx_tidy(rs_conn *c);
 int      rs_wait_fd(rs_conn *c, int timeout_ms);

@@ -523,23 +523,23 @@ static ssize_t ring_recv(rs_conn *c, void *buf, size_t len, int flags, int timeo
         }
         /* about to sleep: the program may have made the descriptor non-blocking (and the
          * going idle below looks at O_ASYNC in the same flags) */
+        long app_flags = -1;
         if (!nonblock && deadline == RS_NEVER && !looked_flags++) {
-            c->rx.app_flags = rs_conn_app_flags(c);
-            if (c->rx.app_flags >= 0 && (c->rx.app_flags & O_NONBLOCK)) nonblock = 1;
+            app_flags = rs_conn_app_flags(c);
+            if (app_flags >= 0 && (app_flags & O_NONBLOCK)) nonblock = 1;
         }
         const uint32_t *word = NULL;
         uint32_t seen = 0;
         int ready = -1;
         if (!nonblock && !rs_passed(deadline)) {
             if (!word_until) word_until = rs_now_ns() + RS_WORD_WINDOW_MS * 1000000ull;
-            if (!rs_passed(word_until)) ready = rs_rx_arm_word_locked(c, &word, &seen, peek ? 0 : len - got);
+            if (!rs_passed(word_until)) ready = rs_rx_arm_word_locked(c, &word, &seen, peek ? 0 : len - got, app_flags);
             if (ready == 2) ready = 0, quiet = 1;
         }
         if (ready < 0) {
             word = NULL;
-            ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c);
+            ready = nonblock ? rs_rx_nonblock_empty(c) : rs_rx_go_idle_locked(c, app_flags);
         }
-        c->rx.app_flags = -1;                   /* the next going idle looks for itself */
         if (RS_GET(c->tcp_eof) || RS_GET(c->err)) continue;
         if (nonblock || rs_passed(deadline)) {
             if (quiet) continue;                /* woken at the top, and looked at again */

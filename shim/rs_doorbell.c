@@ -96,12 +96,11 @@ static void bell_every_locked(rs_conn *c, int on)
 }
 
 /* Whether the program takes SIGIO, where its fcntl calls are not seen: asked of the
- * socket before each idle period, the only moment a doorbell could be missed for it. */
-static void see_async_flag(rs_conn *c)
+ * socket before each idle period, the only moment a doorbell could be missed for it.
+ * `fl`: the descriptor's flags as the caller just read them (rs_conn_app_flags), -1 not. */
+static void see_async_flag(rs_conn *c, long fl)
 {
     if (!c->rx.flags_unseen) return;
-    long fl = c->rx.app_flags;                  /* read by this receive a moment ago: one look */
-    c->rx.app_flags = -1;
     if (fl < 0) fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
     if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
 }
@@ -110,17 +109,17 @@ static void see_async_flag(rs_conn *c)
  * record is there after all (consume it), 0 if the connection is idle: the producer will
  * ring for the next record, and every doorbell byte sent before that moment has been read
  * off the socket. */
-static int go_idle_locked(rs_conn *c, int event)
+static int go_idle_locked(rs_conn *c, int event, long app_flags)
 {
     /* Held bytes (rs_hold.c) are data: the doorbells that announced them must stay on the
      * socket, for another thread of the program asleep in poll or recv on it. */
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
-    see_async_flag(c);
+    see_async_flag(c, app_flags);
     if (c->rx.pre.active) return 0;                            /* preamble bytes on the socket are data */
     return event && c->ops->go_idle_event ? c->ops->go_idle_event(c) : c->ops->go_idle(c);
 }
 
-int rs_rx_go_idle_locked(rs_conn *c) { return go_idle_locked(c, 0); }
+int rs_rx_go_idle_locked(rs_conn *c, long app_flags) { return go_idle_locked(c, 0, app_flags); }
 
 /* A blocking receive found its ring empty (caller holds rx_lock) and may sleep on a word
  * the peer raises with its next record (c->ops->arm_word) instead of on the socket.
@@ -128,11 +127,11 @@ int rs_rx_go_idle_locked(rs_conn *c) { return go_idle_locked(c, 0); }
  * record is there after all, 0 armed: sleep on *word while it holds *seen, 2 the same,
  * armed quietly: rs_rx_word_woken_locked once the sleep ends, -1 not here (preamble bytes
  * on the socket, or no such word): go idle on the socket. */
-int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room)
+int rs_rx_arm_word_locked(rs_conn *c, const uint32_t **word, uint32_t *seen, size_t room, long app_flags)
 {
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     if (c->rx.pre.active) return -1;
-    see_async_flag(c);
+    see_async_flag(c, app_flags);
     return c->ops->arm_word(c, word, seen, room);
 }
 
@@ -147,7 +146,7 @@ int rs_rx_word_woken_locked(rs_conn *c)
 int rs_rx_go_idle(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
-    int r = go_idle_locked(c, 0);
+    int r = go_idle_locked(c, 0, -1);
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -157,7 +156,7 @@ int rs_rx_go_idle(rs_conn *c)
 int rs_rx_go_idle_event(rs_conn *c)
 {
     rs_lock(&c->rx.lock);
-    int r = go_idle_locked(c, 1);
+    int r = go_idle_locked(c, 1, -1);
     rs_unlock(&c->rx.lock);
     return r;
 }
@@ -167,7 +166,7 @@ int rs_rx_nonblock_empty(rs_conn *c)
 {
     if (__atomic_load_n(&c->rx.hold_len, __ATOMIC_SEQ_CST)) return 1;
     if (c->rx.move.state) return rs_fb_rx_ready(c);
-    if (!c->rx.lazy_tidy || c->rx.pre.active) return rs_rx_go_idle_locked(c);
+    if (!c->rx.lazy_tidy || c->rx.pre.active) return rs_rx_go_idle_locked(c, -1);
     return c->ops->nonblock_empty(c);
 }
 

@@ -55,10 +55,10 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
  * runnable tasks also stops the spinning of a client whose CPU is idle while the server's
  * is crowded.  Looking costs an open, a read and a close (3 to 5 us): a server of a
  * hundred backends that each looked every 10 ms spent 5% of its CPU on it.  So the
- * interval starts at 10 ms and doubles, up to 80 ms, while the answer stays the same; a
+ * interval starts at 10 ms and doubles, up to 40 ms, while the answer stays the same; a
  * change of answer, or of the CPU the thread runs on, brings it back to 10 ms. */
 #define BUSY_LOOK_MIN_NS 10000000u
-#define BUSY_LOOK_MAX_NS 80000000u
+#define BUSY_LOOK_MAX_NS 40000000u
 static __thread uint64_t busy_at_ns, busy_every_ns, busy_run_ns, busy_wait_ns;
 static __thread int busy_now, busy_cpu;
 

@@ -104,7 +104,7 @@ int rs_ring_arm_word(rs_conn *c, short events, const uint32_t **word, uint32_t *
     if (events & ~(POLLIN | POLLRDNORM | POLLRDHUP | POLLERR | POLLHUP | POLLNVAL)) return -1;
     if (!c->word_wake_ok || !rs_tx_switch(c) || RS_GET(c->rx.pre.active) || rs_fb_tx_pending(c)) return -1;
     rs_lock(&c->rx.lock);
-    int r = rs_rx_arm_word_locked(c, word, seen, 0);   /* its program may not read: never quiet */
+    int r = rs_rx_arm_word_locked(c, word, seen, 0, -1);   /* its program may not read: never quiet */
     rs_unlock(&c->rx.lock);
     if (r < 0) return -1;
     return r || RS_GET(c->err) || RS_GET(c->tcp_eof);
