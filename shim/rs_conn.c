@@ -133,6 +133,15 @@ int rs_conn_app_nonblocking(rs_conn *c)
 
 const char *rs_conn_errmsg(const rs_conn *c) { return c->errmsg; }
 
+/* Changes that no doorbell announces: a connection became readable, or needs a waiter to
+ * push its bytes, without the peer ringing anything (an error found here, a move to TCP
+ * begun, a SWITCH still to send, our own SHUT_RD, a receive that let the producer skip its
+ * bell while it spun).  The preload's epoll passes over members armed and silent since
+ * (rs_hooks_epoll.c) only while this count stands still.  All rare: none is per message. */
+static uint64_t silent_changes;
+void rs_note_silent_change(void) { __atomic_add_fetch(&silent_changes, 1, __ATOMIC_SEQ_CST); }
+uint64_t rs_silent_changes(void) { return __atomic_load_n(&silent_changes, __ATOMIC_SEQ_CST); }
+
 /* Records the first error only: later failures are consequences of it.  Any thread may
  * call it: one wins, writes the message, then publishes the error. */
 void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
@@ -143,6 +152,7 @@ void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
     vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
     va_end(ap);
     RS_SET(c->err, err);
+    rs_note_silent_change();
 }
 
 /* The peer reset the connection.  TCP reports that once (ECONNRESET), to whichever call

@@ -126,7 +126,7 @@ struct rs_rx {
     uint64_t hold_seen;       /* rx.bytes when the holder thread last looked (rs_hold.c) */
     int      bell_fd;         /* our event bell (an eventfd) the peer raises, -1 none (rs_bells.c) */
     uint8_t  bell_nsets;      /* epoll instances it was added to, left at free */
-    struct { int epfd; uint32_t id; } bell_sets[RS_BELL_SETS];
+    struct { int epfd; uint32_t id; int fd; } bell_sets[RS_BELL_SETS];   /* fd: in its epoll data */
 } __attribute__((aligned(64)));
 
 /* One upgraded connection.  A sender and a receiver thread each work on their own half
@@ -234,6 +234,8 @@ size_t   rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *t
 void     rs_conn_sockopt_set(rs_conn *c);       /* the program set an option: look again */
 long     rs_fd_recv(int fd, void *buf, size_t n, int flags);
 void     rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...);
+void     rs_note_silent_change(void);
+uint64_t rs_silent_changes(void);
 
 /* rs_produce.c */
 ssize_t  rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeout_ms);
@@ -323,14 +325,20 @@ int      rs_tx_arm_credit(rs_conn *c);
 int      rs_tx_arm_credit_locked(rs_conn *c);
 
 /* rs_bells.c: event bells (an eventfd per direction, shm) */
-#define RS_BELL_TAG 0x7273626c6c000000ull     /* epoll data of an event bell: "rsbll" */
+/* The epoll data of an event bell: "rsbll" and the number of the socket it was added for,
+ * so the instance's reports say which ring to look at (rs_hooks_epoll.c). */
+#define RS_BELL_TAG 0x7273626c6c000000ull
+#define RS_BELL_FD_MASK 0xffffffull
+#define RS_BELL_EPOLL_DATA(fd) (RS_BELL_TAG | ((uint64_t)(fd) & RS_BELL_FD_MASK))
+#define RS_IS_BELL(data) (((data) & ~RS_BELL_FD_MASK) == RS_BELL_TAG)
+#define RS_BELL_FD(data) ((int)((data) & RS_BELL_FD_MASK))
 /* fd moved to a number in the upper half of the soft RLIMIT_NOFILE, close-on-exec (where
  * programs that count on low numbers, select() for one, do not meet it); fd if it cannot be. */
 int      rs_fd_move_high(int fd);
 int      rs_bells_create(int fds[2]);
 int      rs_conn_set_bells(rs_conn *c, int own, int peer);
 int      rs_bell_raise(rs_conn *c);
-int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id);
+int      rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, int fd);
 void     rs_bells_release(rs_conn *c);
 void     rs_bells_drop_own(rs_conn *c);
 void     rs_bells_after_fork_child(rs_conn *c);

@@ -218,6 +218,7 @@ void rs_shutdown_rd(rs_conn *c)
     rs_lock(&c->rx.lock);
     RS_SET(c->rx.shut_rd, 1);
     rs_unlock(&c->rx.lock);
+    rs_note_silent_change();
     if (c->word_wake_ok) rs_word_raise(&c->rx.ctl->data_seq);      /* ... and those asleep on the word */
     syscall(SYS_shutdown, rs_fd_enter(c), SHUT_RD);
     rs_fd_leave(c);
@@ -360,7 +361,10 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
         }
         rs_relax();
     }
-    if (publish) __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
+    if (publish) {
+        __atomic_store_n(&k->spinning, 0, __ATOMIC_SEQ_CST);
+        rs_note_silent_change();        /* records that came meanwhile had no bell */
+    }
     int sig = found ? (rs_sigwait_end(&sw), 1)
                     : rs_spin_done(&sw, deadline_ns == RS_NEVER && !progress ? RS_SIG_RESTART : RS_SIG_EINTR);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* then the caller re-reads the ring */

@@ -52,8 +52,10 @@ void rs_fb_begin(rs_conn *c, int reason)
 {
     uint8_t zero = 0;
     if (__atomic_compare_exchange_n(&c->fb_reason, &zero, (uint8_t)reason, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) ||
-        !RS_GET(c->fb))
+        !RS_GET(c->fb)) {
         __atomic_store_n(&c->fb, 1, __ATOMIC_SEQ_CST);
+        rs_note_silent_change();                /* a resend for waiters to push */
+    }
 }
 
 /* Both directions plain TCP and nothing held (rs_hold.c): the kernel socket tells

@@ -116,6 +116,7 @@ int rs_pre_switch(int fd)
 void rs_pre_switch_later(rs_conn *c)
 {
     RS_SET(c->switch_due, 1);
+    rs_note_silent_change();
 }
 
 /* Never waits for room: the server may be reading nothing until it has what we are about
@@ -141,6 +142,7 @@ int rs_tx_switch_now(rs_conn *c)
             /* sent, or the socket failed (which shows at the next call) */
             int done = c->switch_sent == RS_PRE_HDR || (n < 0 && n != -EAGAIN);
             RS_SET(c->switch_due, done ? 0 : 1);
+            if (!done) rs_note_silent_change();
             return done;
         }
         if (due == 0) return 1;

@@ -20,6 +20,8 @@ ROUNDS = 3000
 # An echo server waiting in epoll or in poll that looks up every event's descriptor: an
 # event it did not register (an event bell leaking out of the hook) fails it.  The
 # listener stays registered, so its waits sleep in the kernel, where the bells ring.
+# epoll-dup: the first connection is registered a second time, under a dup of its
+# descriptor (over TCP both numbers are reported).
 SERVER = r"""
 import os, select, socket, sys
 port, nclients, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -27,6 +29,7 @@ lst = socket.create_server(("127.0.0.1", port))
 lst.setblocking(False)
 ep = select.poll() if mode == "poll" else select.epoll()
 flags = select.EPOLLIN | (select.EPOLLET if mode == "epoll-et" else 0)
+twin, closed = {}, set()
 ep.register(lst.fileno(), select.EPOLLIN)
 def bells_in_epoll():
     if mode == "poll":
@@ -43,13 +46,21 @@ def bells_in_epoll():
 conns, done, reads, most = {}, 0, 0, -1
 print("ready", flush=True)
 while done < nclients:
+    closed.clear()
     for fd, ev in ep.poll(30000 if mode == "poll" else 30):
         if fd == lst.fileno():
             c, _ = lst.accept()
             c.setblocking(False)
             conns[c.fileno()] = c
             ep.register(c.fileno(), flags)
+            if mode == "epoll-dup" and not twin:
+                d = socket.socket(fileno=os.dup(c.fileno()))
+                conns[d.fileno()] = d
+                twin[c.fileno()], twin[d.fileno()] = d.fileno(), c.fileno()
+                ep.register(d.fileno(), flags)
             continue
+        if fd in closed:
+            continue                                    # with its twin, earlier in this round
         c = conns[fd]                                   # KeyError: an event we never asked for
         while True:                                     # edge-triggered: until EAGAIN
             try:
@@ -62,9 +73,10 @@ while done < nclients:
             if reads % 500 == 0:
                 most = max(most, bells_in_epoll())
             if not data:
-                ep.unregister(fd)
-                del conns[fd]
-                c.close()
+                for f in [fd] + ([twin.pop(fd)] if fd in twin else []):
+                    ep.unregister(f)
+                    conns.pop(f).close()
+                    closed.add(f)
                 done += 1
                 break
             c.sendall(data)
@@ -236,3 +248,59 @@ def test_api_keeps_only_the_peers_bell(pair):
     c.close()
     s.close()
     assert _eventfds() == before
+
+
+# Opens the connections, then sends 32-byte requests on connections picked at random,
+# one at a time or in bursts over several, often after a pause long enough for the server
+# to sleep with every idle connection armed; every reply must come within 10 s.
+MANY_CLIENT = r"""
+import random, socket, sys, time
+port, nconns, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rnd = random.Random(7)
+conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(nconns)]
+for c in conns:
+    c.settimeout(10)
+sent = 0
+for r in range(rounds):
+    if r % 4 == 0:
+        time.sleep(0.002 + rnd.random() * 0.003)
+    picked = rnd.sample(range(nconns), 1 if r % 3 else rnd.randint(2, 8))
+    for i in picked:
+        conns[i].sendall(b"%08d%08d%016d" % (r, i, sent))
+        sent += 1
+    for i in picked:
+        got = b""
+        while len(got) < 32:
+            got += conns[i].recv(32 - len(got))
+        assert got[:16] == b"%08d%08d" % (r, i), (r, i, got)
+for c in conns:
+    c.close()
+print("sent", sent, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["epoll", "epoll-et", "epoll-dup"])
+def test_many_connections_woken_by_name(tmp_path, mode):
+    """A server waiting in epoll on 300 connections (more than a server's wait looks at on
+    every call: idle ones are armed, and only those its bells name are looked at) answers
+    every request sent on a connection picked at random, level- or edge-triggered, and with
+    one connection registered twice (a dup: its bell can name only one of them)."""
+    (tmp_path / "srv.py").write_text(SERVER)
+    (tmp_path / "cli.py").write_text(MANY_CLIENT)
+    log = str(tmp_path / "log")
+    port, nconns = free_port(), 300
+    env = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3"]
+    srv = subprocess.Popen(run + [str(tmp_path / "srv.py"), str(port), str(nconns), mode],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+        cli = subprocess.run(run + [str(tmp_path / "cli.py"), str(port), str(nconns), "1500"],
+                             capture_output=True, text=True, timeout=180, env=env)
+        assert cli.returncode == 0 and not cli.stderr, cli.stdout + cli.stderr
+        out, err = srv.communicate(timeout=30)
+        assert srv.returncode == 0 and not err, out + err
+    finally:
+        stop_process(srv)
+    assert re.search(r"sent \d+", cli.stdout) and "bells_in_epoll" in out, cli.stdout + out
+    assert open(log).read().count("transport=shm") == 2 * nconns

@@ -14,9 +14,15 @@
  * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD.
  *
  * Event bells (rs_bells.c): before a kernel sleep each member's bell is added to the
- * instance (once per instance, recorded in the connection), with data RS_BELL_TAG.  The
- * kernel's events with that data only say "look at the rings": they are never returned.
- * `id` tells an instance from a later one under the same number.
+ * instance (once per instance, recorded in the connection), with data RS_BELL_EPOLL_DATA(fd).
+ * The kernel's events with such data only say "look at fd's ring": they are never
+ * returned.  `id` tells an instance from a later one under the same number.
+ *
+ * Quiet members (a clear bit in `awake`): armed for a kernel sleep with nothing to read,
+ * and not heard of since.  An armed ring stays armed until its peer rings (the bell or a
+ * doorbell byte: a kernel event naming the member), so its looks are skipped: a server's
+ * wait looks at the rings it heard of, not at all of a thousand (quiet_trusted says when
+ * the bits may be believed).
  *
  * others: registrations of descriptors that are not tracked sockets (a listener, a pipe),
  * counted from their EPOLL_CTL_ADD to their EPOLL_CTL_DEL; one closed without a DEL stays
@@ -28,7 +34,7 @@
 #include <string.h>
 #include <time.h>
 
-struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; int disarmed; };
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; uint8_t disarmed, idle_waits; unsigned idle_seen; };
 struct ep_set {
     int refs;                  /* the map's + waits in progress; 0: free */
     pthread_mutex_t lock;
@@ -40,7 +46,11 @@ struct ep_set {
     uint8_t scan_ok;           /* the last ep_scan holds (ep_scan_kept), and what it found: */
     uint8_t scan_apart, scan_lt_out;
     uint64_t scan_ns;
+    uint8_t quiet_ok;          /* the members' quiet flags hold (quiet_trusted) */
+    uint8_t no_quiet;          /* none quiet until a member leaves: a bell was renamed */
+    uint64_t quiet_gen, quiet_ns;   /* rs_silent_changes() and the time the flags were reset */
     struct ep_member *m;
+    uint64_t *awake;           /* bit i: member i is to be looked at (not quiet); cap bits */
     int *slot;                 /* slot[fd] (fd < slots): 1 + the index of fd's member, 0 none; event
                                 * loops change a member's events at every request, in sets of */
     int slots;                 /* a thousand members */
@@ -54,23 +64,56 @@ static uint32_t set_ids;
 static int bells_added;        /* an event bell was added to some instance: the kernel's events
                                 * may carry RS_BELL_TAG even where we do not look at rings */
 
-/* Removes the events of event bells from ev[0..k); returns how many remain, *seen how
- * many were removed. */
-static int strip_bells(struct epoll_event *ev, int k, int *seen)
-{
-    int n = 0;
-    *seen = 0;
-    for (int j = 0; j < k; j++) {
-        if (ev[j].data.u64 == RS_BELL_TAG) { ++*seen; continue; }
-        ev[n++] = ev[j];
-    }
-    return n;
-}
-
 /* The index of fd's member, or s->n (caller holds the set's lock). */
 static int find_member(const struct ep_set *s, int fd)
 {
     return fd >= 0 && fd < s->slots && s->slot[fd] ? s->slot[fd] - 1 : s->n;
+}
+
+static inline int is_quiet(const struct ep_set *s, int i) { return !(s->awake[i >> 6] >> (i & 63) & 1); }
+
+static inline void set_quiet(struct ep_set *s, int i, int quiet)
+{
+    uint64_t bit = 1ull << (i & 63);
+    if (quiet) s->awake[i >> 6] &= ~bit;
+    else s->awake[i >> 6] |= bit;
+}
+
+/* The first member from index i on to look at: any, or with `trust` one not quiet; s->n
+ * if none. */
+static int next_awake(const struct ep_set *s, int i, int trust)
+{
+    if (!trust || i >= s->n) return i < s->n ? i : s->n;
+    int w = i >> 6, words = (s->n + 63) >> 6;
+    uint64_t bits = s->awake[w] & (~0ull << (i & 63));
+    while (!bits) {
+        if (++w >= words) return s->n;
+        bits = s->awake[w];
+    }
+    int j = (w << 6) + __builtin_ctzll(bits);
+    return j < s->n ? j : s->n;
+}
+
+/* Removes the events of event bells from ev[0..k); returns how many remain, *seen how
+ * many were removed.  The members they name are no longer quiet (s: the set, its lock
+ * held, or NULL). */
+static int strip_bells(struct ep_set *s, struct epoll_event *ev, int k, int *seen)
+{
+    int n = 0;
+    *seen = 0;
+    for (int j = 0; j < k; j++) {
+        if (RS_IS_BELL(ev[j].data.u64)) {
+            ++*seen;
+            int i = s ? find_member(s, RS_BELL_FD(ev[j].data.u64)) : 0;
+            if (s && i < s->n) {
+                set_quiet(s, i, 0);
+                s->m[i].idle_waits = 0;
+            }
+            continue;
+        }
+        ev[n++] = ev[j];
+    }
+    return n;
 }
 
 /* fd's member is (i >= 0) or is no longer (i < 0) at index i; 0, or -1 without memory
@@ -127,7 +170,7 @@ static struct ep_set *set_create(int epfd)
         else if ((s = calloc(1, sizeof *s))) pthread_mutex_init(&s->lock, NULL);
         if (s) {
             s->n = s->others = 0;
-            s->bells = 0;
+            s->bells = s->scan_ok = s->quiet_ok = s->no_quiet = 0;
             s->id = __atomic_add_fetch(&set_ids, 1, __ATOMIC_RELAXED);
             __atomic_store_n(&s->refs, 1, __ATOMIC_RELEASE);          /* the map's */
             if (rs_fdmap_swap(&sets, epfd, s) == RS_FDMAP_FAIL) {
@@ -147,8 +190,10 @@ static void drop_member(struct ep_set *s, int fd)
     int i = find_member(s, fd);
     if (i >= s->n) return;
     s->scan_ok = 0;
+    s->no_quiet = 0;            /* a ring under two numbers may have been one of them */
     set_slot(s, fd, -1);
     s->m[i] = s->m[--s->n];
+    set_quiet(s, i, is_quiet(s, s->n));
     if (i < s->n) set_slot(s, s->m[i].fd, i);
 }
 
@@ -187,15 +232,22 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
     } else if (ev) {
         if (i == s->n && s->n == s->cap) {
             int cap = s->cap ? s->cap * 2 : 8;
-            struct ep_member *m = realloc(s->m, (size_t)cap * sizeof *m);
-            if (m) { s->m = m; s->cap = cap; }
+            size_t had = ((size_t)s->cap + 63) / 64, words = ((size_t)cap + 63) / 64;
+            uint64_t *a = words > had ? realloc(s->awake, words * sizeof *a) : s->awake;
+            if (a) {
+                memset(a + had, 0, (words - had) * sizeof *a);
+                s->awake = a;
+                struct ep_member *m = realloc(s->m, (size_t)cap * sizeof *m);
+                if (m) { s->m = m; s->cap = cap; }
+            }
         }
         if (i == s->n && i < s->cap && set_slot(s, fd, i) < 0) i = s->cap;     /* not kept: no memory */
         if (i < s->cap) {
             s->scan_ok = 0;
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
-            s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = 0;
+            s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = s->m[i].idle_waits = 0;
+            set_quiet(s, i, 0);
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -298,12 +350,82 @@ RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
     return r;
 }
 
+static inline size_t data_hash(uint64_t x) { return (size_t)((x * 0x9E3779B97F4A7C15ull) >> 32); }
+
+/* Quiet members are kept in sets of more than RS_EP_QUIET_MIN members, where a look at every
+ * ring is the server's main cost (a thousand connections: most of redis-server's CPU);
+ * there a member whose ring was found empty in RS_EP_ARM_AFTER waits in a row is armed
+ * on the spot (arm_member): from then on its peer's next record rings its bell, and looks
+ * pass it over.  A smaller set is cheaper to look at than to ring: with a hundred busy
+ * connections the looks cost less than a bell per request did (redis GET -c 100 slowed
+ * down with them), and a program waiting for one peer that answers within its spin must
+ * not make that peer ring. */
+#define RS_EP_QUIET_MIN 256
+#define RS_EP_ARM_AFTER 2
+
+/* Member i was found with nothing to read by this wait (caller holds the set's lock): 1 if
+ * it was by RS_EP_ARM_AFTER waits in a row (a wait that spins looks many times: it counts
+ * once). */
+static int idle_long_enough(struct ep_set *s, int i)
+{
+    struct ep_member *m = &s->m[i];
+    if (m->idle_seen == s->waits) return 0;
+    m->idle_seen = s->waits;
+    return ++m->idle_waits >= RS_EP_ARM_AFTER;
+}
+
+/* Whether the members' quiet bits may be believed (caller holds the set's lock): in a large
+ * set, while no bell was renamed, nothing that no doorbell announces happened (rs_silent_changes), for
+ * 50 ms at most.  Otherwise every member is awake again and its count starts anew: each
+ * is looked at and armed again (a thousand arms: well under 1% of a CPU at that rate),
+ * which also bounds what a change that slipped past all this would cost. */
+static int quiet_trusted(struct ep_set *s)
+{
+    if (s->no_quiet || s->n <= RS_EP_QUIET_MIN) {
+        s->quiet_ok = 0;
+        return 0;
+    }
+    uint64_t gen = rs_silent_changes(), now = rs_now_ns();
+    if (s->quiet_ok && gen == s->quiet_gen && now - s->quiet_ns <= 50000000u) return 1;
+    for (int w = 0; w < (s->n + 63) >> 6; w++) s->awake[w] = ~0ull;
+    for (int i = 0; i < s->n; i++) s->m[i].idle_waits = 0;
+    s->quiet_ok = 1;
+    s->quiet_gen = gen;
+    s->quiet_ns = now;
+    return 1;
+}
+
+/* Arms member m, whose ring is c's, for a kernel sleep (caller holds the set's lock); with
+ * `trust` (quiet_trusted) marks it quiet if it was armed with nothing to read and nothing
+ * but its peer can change that.  Returns rs_ring_arm's answer: 1 ready after all. */
+static int arm_member(int epfd, struct ep_set *s, int i, rs_conn *c, int trust)
+{
+    struct ep_member *m = &s->m[i];
+    /* a wait for input: the member's event bell wakes this instance too, if it has one (not
+     * for a fired one-shot, which nothing may wake until EPOLL_CTL_MOD) */
+    int bell = (m->events & EPOLLIN) && !m->disarmed && m->fd < (int)RS_BELL_FD_MASK ?
+               rs_bell_in_epoll(c, epfd, s->id, s->no_quiet ? -1 : m->fd) : 0;
+    if (bell == 2) {
+        /* the instance's reports named another member for this ring until now */
+        s->no_quiet = 1;
+        s->quiet_ok = 0;
+        trust = 0;
+    }
+    if (bell && !s->bells) { s->bells = 1; __atomic_store_n(&bells_added, 1, __ATOMIC_RELAXED); }
+    /* EPOLLOUT too: a full ring asks its reader for a credit doorbell, which wakes the
+     * kernel's wait (edge-triggered waiters have no other wake-up) */
+    int r = rs_ring_arm(c, (m->events & EPOLLIN ? POLLIN : 0) | (m->events & EPOLLOUT ? POLLOUT : 0), bell);
+    set_quiet(s, i, trust && !r && !m->disarmed && (m->events & (EPOLLIN | EPOLLOUT)) == EPOLLIN &&
+                    !RS_GET(c->rx.pre.active) && !rs_fb_tx_pending(c));
+    return r;
+}
+
 /* Events from the rings of the tracked members that the kernel did not report (caller
  * holds the set's lock). */
 static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, int have, int max)
 {
-    int n = have;
-    for (int i = 0; i < s->n && n < max; i++) {
+    int n = have, trust = quiet_trusted(s);
+    for (int i = next_awake(s, 0, trust); i < s->n && n < max; i = next_awake(s, i + 1, trust)) {
         if (s->m[i].disarmed) continue;
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (!k) continue;
@@ -322,8 +444,15 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
          * edge-triggered: room after a write that found the ring full */
         if (et && (s->m[i].events & EPOLLOUT) && stops != s->m[i].out_mark) want |= POLLOUT;
         if (want) re = rs_ring_revents(c, want);
+        if (!(re & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR))) {
+            if (trust && !want && (s->m[i].events & (EPOLLIN | EPOLLOUT)) == EPOLLIN &&
+                idle_long_enough(s, i))
+                arm_member(epfd, s, i, c, trust);
+            rs_sock_put(k);
+            continue;
+        }
+        s->m[i].idle_waits = 0;
         rs_sock_put(k);
-        if (!(re & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR))) continue;
         int dup = 0;
         for (int j = 0; j < have && !dup; j++) dup = out[j].data.u64 == s->m[i].data.u64;
         if (dup) continue;
@@ -391,12 +520,12 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     rs_sock_put(k2);
 }
 
-static inline size_t data_hash(uint64_t x) { return (size_t)((x * 0x9E3779B97F4A7C15ull) >> 32); }
-
 /* who[j]: the first member whose data is ev[j]'s (-1: none; the kernel returns only the
  * data), found in O(members + events) rather than a search per event, as a set may hold
- * a thousand members.  The buffers are per thread and grow; NULL if they cannot. */
-static int *ep_match(const struct ep_set *s, const struct epoll_event *ev, int k)
+ * a thousand members.  Every member whose data an event has is awake: two members with
+ * the same data cannot be told apart, so both are looked at.  The buffers are per thread
+ * and grow; NULL if they cannot (caller holds the set's lock). */
+static int *ep_match(struct ep_set *s, const struct epoll_event *ev, int k)
 {
     static __thread int *buf;
     static __thread size_t cap;
@@ -419,7 +548,11 @@ static int *ep_match(const struct ep_set *s, const struct epoll_event *ev, int k
     }
     for (int i = 0; i < s->n; i++)
         for (int j = head[data_hash(s->m[i].data.u64) & (t - 1)]; j >= 0; j = next[j])
-            if (who[j] < 0 && ev[j].data.u64 == s->m[i].data.u64) who[j] = i;
+            if (ev[j].data.u64 == s->m[i].data.u64) {
+                if (who[j] < 0) who[j] = i;
+                set_quiet(s, i, 0);
+                s->m[i].idle_waits = 0;
+            }
     return who;
 }
 
@@ -430,8 +563,9 @@ static int *ep_match(const struct ep_set *s, const struct epoll_event *ev, int k
 static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int k, int *bells)
 {
     *bells = 0;
-    if (s->bells) k = strip_bells(ev, k, bells);
+    if (s->bells) k = strip_bells(s, ev, k, bells);
     int n = 0, *who = ep_match(s, ev, k);
+    if (!who) s->quiet_ok = 0;          /* which members the events name is not known: all are */
     for (int j = 0; j < k; j++) {
         int i = who ? who[j] : 0;
         if (!who)
@@ -516,7 +650,36 @@ static int ep_arm_words(struct ep_set *s, const uint32_t **words, uint32_t *seen
         if (a) return a;
         ++*n;
     }
+    if (*n) s->quiet_ok = 0;            /* armed for the word, not for a kernel event */
     return *n ? 0 : -1;
+}
+
+/* Arms the members for a kernel sleep (caller holds the set's lock): each one not quiet.
+ * 1 if one is ready after all.  *resend: a member has a resend after an RDMA failure to
+ * push (the sleep is short); *cap: how long the sleep may last for the members waiting
+ * for room (-1: no limit). */
+static int ep_arm_kernel(int epfd, struct ep_set *s, int *resend, int *cap)
+{
+    int trust = quiet_trusted(s), ready = 0;
+    *resend = 0;
+    *cap = -1;
+    for (int i = next_awake(s, 0, trust); i < s->n; i = next_awake(s, i + 1, trust)) {
+        struct ep_member *m = &s->m[i];
+        struct rs_sock *k = rs_ring_sock(m->fd);
+        if (!k) continue;
+        rs_conn *c = k->conn;
+        ready |= arm_member(epfd, s, i, c, trust && !s->no_quiet);
+        if (m->events & EPOLLOUT) {
+            int ms = rs_ring_sleep_cap_ms(c, POLLOUT);
+            /* edge-triggered and room without a new edge: nothing to report, sleep */
+            if (ms == 0 && (m->events & EPOLLET)) ms = -1;
+            *cap = rs_min_ms(*cap, ms);
+        }
+        /* a resend after an RDMA failure: push it now and then */
+        if (rs_fb_tx_pending(c)) { rs_fb_kick(c); *resend = 1; }
+        rs_sock_put(k);
+    }
+    return ready;
 }
 
 static int kernel_wait(int epfd, struct epoll_event *ev, int max, int ms, const sigset_t *mask)
@@ -534,7 +697,7 @@ static int plain_wait(int epfd, struct epoll_event *ev, int max, int ms, const s
         int r = ts ? rs_real.epoll_pwait2(epfd, ev, max, ts, mask) : kernel_wait(epfd, ev, max, ms, mask);
         int bells;
         if (r <= 0 || !__atomic_load_n(&bells_added, __ATOMIC_RELAXED)) return r;
-        r = strip_bells(ev, r, &bells);
+        r = strip_bells(NULL, ev, r, &bells);
         if (r || ms == 0 || rs_passed(deadline) || rounds >= 1000) return r;
         if (ts || ms > 0) { ts = NULL; ms = rs_ms_until(deadline); }
     }
@@ -605,32 +768,9 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
             }
             words_until = 0;            /* not possible for this set now: the kernel's wait */
         }
-        int ready = 0, resend = 0, n = 0;
+        int resend, cap, n = 0;
         pthread_mutex_lock(&s->lock);
-        int cap = -1;
-        for (int i = 0; i < s->n; i++) {
-            struct rs_sock *k = rs_ring_sock(s->m[i].fd);
-            if (!k) continue;
-            /* EPOLLOUT too: a full ring asks its reader for a credit doorbell, which wakes
-             * the kernel's wait (edge-triggered waiters have no other wake-up) */
-            /* a wait for input: the member's event bell wakes this instance too, if it has one
-             * (not for a fired one-shot, which nothing may wake until EPOLL_CTL_MOD) */
-            int bell = (s->m[i].events & EPOLLIN) && !s->m[i].disarmed &&
-                       rs_bell_in_epoll(k->conn, epfd, s->id);
-            if (bell && !s->bells) { s->bells = 1; __atomic_store_n(&bells_added, 1, __ATOMIC_RELAXED); }
-            if (rs_ring_arm(k->conn, (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLOUT ? POLLOUT : 0), bell))
-                ready = 1;
-            if (s->m[i].events & EPOLLOUT) {
-                int m = rs_ring_sleep_cap_ms(k->conn, POLLOUT);
-                /* edge-triggered and room without a new edge: nothing to report, sleep */
-                if (m == 0 && (s->m[i].events & EPOLLET)) m = -1;
-                cap = rs_min_ms(cap, m);
-            }
-            /* a resend after an RDMA failure: push it now and then */
-            if (rs_fb_tx_pending(k->conn)) { rs_fb_kick(k->conn); resend = 1; }
-            rs_sock_put(k);
-        }
-        if (ready) n = ep_from_rings(epfd, s, ev, 0, max);
+        if (ep_arm_kernel(epfd, s, &resend, &cap)) n = ep_from_rings(epfd, s, ev, 0, max);
         pthread_mutex_unlock(&s->lock);
         if (n) return n;
         int ms = rs_min_ms(rs_ms_until(deadline), resend ? 10 : cap);
@@ -641,10 +781,11 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
         int bells;
         pthread_mutex_lock(&s->lock);
         k = ep_filter_out(epfd, s, ev, k, &bells);
+        if (bells) k = ep_from_rings(epfd, s, ev, k, max);       /* the rings the bells named */
         pthread_mutex_unlock(&s->lock);
         if (k && apart) rs_spin_missed(rs_wait_spin(), rs_now_ns() - start);
         if (k) return k;               /* doorbells, checked against the ring, make it truthful */
-        if (bells) continue;           /* an event bell: the rings have something */
+        if (bells) continue;           /* bells of records already read: arm and sleep again */
         /* Only "writable" for a full ring: the credit comes through memory; nap and look.
          * A handled signal ends the wait, as it ends any epoll_wait (signal(7)). */
         if (rs_nap((uint64_t)nap_us * 1000, deadline, 1) < 0) { errno = EINTR; return -1; }

@@ -1913,11 +1913,13 @@ static void t_event_bells(void)
     pair_bells(&p);
     p.srv->rx.lazy_tidy = 1;
     int ep = epoll_create1(EPOLL_CLOEXEC);
-    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7), 1);
-    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7), 1);        /* once per instance */
+    uint64_t named = RS_BELL_EPOLL_DATA(p.fd[0]);      /* the bell's events name the socket */
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, p.fd[0]), 1);
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, p.fd[0]), 1);        /* once per instance */
     CHECK_EQ(p.srv->rx.bell_nsets, 1);
     struct epoll_event ev;
-    CHECK(epoll_wait(ep, &ev, 1, 0) == 1 && ev.data.u64 == RS_BELL_TAG, "adding the bell reports it once");
+    CHECK(epoll_wait(ep, &ev, 1, 0) == 1 && ev.data.u64 == named && RS_IS_BELL(ev.data.u64) &&
+          RS_BELL_FD(ev.data.u64) == p.fd[0], "adding the bell reports it once, naming the socket");
     int q = -1;
     send_str(p.cli, "x");                   /* the segment starts with a byte asked for: it goes */
     expect_str(p.srv, "x");
@@ -1926,7 +1928,7 @@ static void t_event_bells(void)
         CHECK(p.srv->rx.ctl->want_bell & RS_WANT_EVENT, "want_bell %#x", p.srv->rx.ctl->want_bell);
         CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);
         send_str(p.cli, "evt");
-        CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the event bell did not wake the instance");
+        CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == named, "the event bell did not wake the instance");
         CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);                      /* edge-triggered: once */
         CHECK(ioctl(p.fd[0], FIONREAD, &q) == 0 && q == 0, "a doorbell byte was sent too (FIONREAD %d)", q);
         CHECK_EQ(p.cli->tx.event_bells, (uint64_t)round + 1);
@@ -1935,6 +1937,16 @@ static void t_event_bells(void)
         CHECK_EQ(epoll_wait(ep, &ev, 1, 0), 0);
         expect_str(p.srv, "evtmore");
     }
+    /* the same connection waited on under another number (a dup): the bell is renamed (2),
+     * and its events name the new number */
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, 1234), 2);
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, 1234), 1);
+    CHECK_EQ(rs_rx_go_idle_event(p.srv), 0);
+    send_str(p.cli, "dup");
+    CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_EPOLL_DATA(1234), "the renamed bell's data %#llx",
+          (unsigned long long)ev.data.u64);
+    expect_str(p.srv, "dup");
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 7, p.fd[0]), 2);
     /* a fork's child that frees its copy of the connection leaves the parent's bell in the
      * epoll instance they share */
     pid_t child = fork();
@@ -1949,7 +1961,7 @@ static void t_event_bells(void)
           "the child kept its bells (status %d)", status);
     CHECK_EQ(rs_rx_go_idle_event(p.srv), 0);
     send_str(p.cli, "fork");
-    CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the child's free took the bell out of the instance");
+    CHECK(epoll_wait(ep, &ev, 1, 1000) == 1 && ev.data.u64 == named, "the child's free took the bell out of the instance");
     expect_str(p.srv, "fork");
     /* a wait that needs the socket's byte */
     CHECK_EQ(rs_rx_go_idle(p.srv), 0);
@@ -1959,7 +1971,7 @@ static void t_event_bells(void)
     /* the other direction, into the client, by its bell, which the server (a hostile peer,
      * say) made blocking and filled up: the raise neither blocks nor fails */
     int ep2 = epoll_create1(EPOLL_CLOEXEC);
-    CHECK_EQ(rs_bell_in_epoll(p.cli, ep2, 8), 1);
+    CHECK_EQ(rs_bell_in_epoll(p.cli, ep2, 8, p.fd[1]), 1);
     CHECK_EQ(epoll_wait(ep2, &ev, 1, 0), 1);
     CHECK(fcntl(p.srv->tx.bell_fd, F_SETFL, 0) == 0, "F_SETFL");
     uint64_t big = 0xfffffffffffffffdull;
@@ -1967,7 +1979,7 @@ static void t_event_bells(void)
     CHECK_EQ(epoll_wait(ep2, &ev, 1, 0), 1);
     CHECK_EQ(rs_rx_go_idle_event(p.cli), 0);
     send_str(p.srv, "back");
-    CHECK(epoll_wait(ep2, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_TAG, "the client's bell did not wake it");
+    CHECK(epoll_wait(ep2, &ev, 1, 1000) == 1 && ev.data.u64 == RS_BELL_EPOLL_DATA(p.fd[1]), "the client's bell did not wake it");
     CHECK_EQ(p.srv->tx.event_bells, 1);
     expect_str(p.cli, "back");
     close(ep2);
@@ -2023,7 +2035,7 @@ static void t_event_bells_threads(void)
     int ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event sock = { .events = EPOLLIN, .data.u64 = 1 };
     CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, p.fd[0], &sock) == 0, "epoll_ctl");
-    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 1), 1);
+    CHECK_EQ(rs_bell_in_epoll(p.srv, ep, 1, p.fd[0]), 1);
     struct bell_run b = { p.cli, 20000 };
     pthread_t t;
     pthread_create(&t, NULL, bell_producer_run, &b);
