@@ -107,20 +107,19 @@ int rs_bell_raise(rs_conn *c)
 
 /* Our event bell is in the epoll instance epfd (instance `id`: a number closed and reused
  * is another instance), added now if not yet, edge-triggered, with data RS_BELL_EPOLL_DATA(fd):
- * fd is the socket the instance waits on for this connection (-1: any name will do, the
- * reports are not looked into).  1 if it is, 2 if it is but was there under another
- * socket's number until now (a dup, or the same connection under two numbers: the
- * instance's earlier reports named the other), 0 if it cannot be (no bell, no room in the
- * list of instances, epoll refused). */
+ * fd is the socket the instance waits on for this connection.  1 if it is, 2 if it is but
+ * was there under another socket's number until now (a dup, or the same connection under
+ * two numbers: the instance's earlier reports named the other), 0 if it cannot be (no
+ * bell, no room in the list of instances, epoll refused). */
 int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, int fd)
 {
     if (c->rx.bell_fd < 0) return 0;
     rs_lock(&c->rx.lock);
     int i, ok = 0;
-    struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = RS_BELL_EPOLL_DATA(fd < 0 ? RS_BELL_FD_MASK : (uint64_t)fd) };
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = RS_BELL_EPOLL_DATA(fd) };
     for (i = 0; i < c->rx.bell_nsets && c->rx.bell_sets[i].epfd != epfd; i++) {}
     if (i < c->rx.bell_nsets && c->rx.bell_sets[i].id == id) {
-        if (fd < 0 || c->rx.bell_sets[i].fd == fd) ok = 1;
+        if (c->rx.bell_sets[i].fd == fd) ok = 1;
         else if (syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_MOD, c->rx.bell_fd, &ev) == 0) {
             c->rx.bell_sets[i].fd = fd;
             ok = 2;

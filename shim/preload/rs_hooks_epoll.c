@@ -185,11 +185,12 @@ static struct ep_set *set_create(int epfd)
     return s ? set_get(epfd) : NULL;
 }
 
+static void scan_add(struct ep_set *s, int i);
+
 static void drop_member(struct ep_set *s, int fd)
 {
     int i = find_member(s, fd);
     if (i >= s->n) return;
-    s->scan_ok = 0;
     s->no_quiet = 0;            /* a ring under two numbers may have been one of them */
     set_slot(s, fd, -1);
     s->m[i] = s->m[--s->n];
@@ -243,11 +244,12 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
         }
         if (i == s->n && i < s->cap && set_slot(s, fd, i) < 0) i = s->cap;     /* not kept: no memory */
         if (i < s->cap) {
-            s->scan_ok = 0;
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
             s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = s->m[i].idle_waits = 0;
+            s->m[i].idle_seen = s->waits;
             set_quiet(s, i, 0);
+            scan_add(s, i);
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -404,7 +406,7 @@ static int arm_member(int epfd, struct ep_set *s, int i, rs_conn *c, int trust)
     /* a wait for input: the member's event bell wakes this instance too, if it has one (not
      * for a fired one-shot, which nothing may wake until EPOLL_CTL_MOD) */
     int bell = (m->events & EPOLLIN) && !m->disarmed && m->fd < (int)RS_BELL_FD_MASK ?
-               rs_bell_in_epoll(c, epfd, s->id, s->no_quiet ? -1 : m->fd) : 0;
+               rs_bell_in_epoll(c, epfd, s->id, m->fd) : 0;
     if (bell == 2) {
         /* the instance's reports named another member for this ring until now */
         s->no_quiet = 1;
@@ -576,35 +578,54 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
     return n;
 }
 
-/* Settles members still in the handshake (caller holds the set's lock).  *any: the set
- * has upgraded or settling members; *apart: one of them (2: more) has its peer on another
- * CPU; *lt_out: one waits for level-triggered EPOLLOUT, which only the kernel's report
- * gives; *settling: one is still in its handshake. */
+/* What member i adds to a scan (caller holds the set's lock): *any: it is upgraded or
+ * settling; *apart: counts it (up to 2) if its peer is on another CPU; *lt_out: it waits
+ * for level-triggered EPOLLOUT, which only the kernel's report gives; *settling: it is
+ * still in its handshake, which `settle` first tries to finish. */
+static void scan_member(struct ep_set *s, int i, int settle, int *any, int *apart, int *lt_out, int *settling)
+{
+    if ((s->m[i].events & (EPOLLOUT | EPOLLET)) == EPOLLOUT) *lt_out = 1;
+    struct rs_sock *k = rs_waited_sock(s->m[i].fd);       /* one look-up for every question */
+    if (!k) return;
+    if (rs_sock_in_handshake(k)) {
+        if (settle) rs_sock_settle(k);
+        *any = 1;
+        if (rs_sock_in_handshake(k)) *settling = 1;
+    }
+    if (rs_ring_answers(k)) {
+        *any = 1;
+        if (*apart < 2 && !rs_peer_shares_cpu(k->conn)) ++*apart;
+    }
+    rs_sock_put(k);
+}
+
+/* Settles members still in the handshake and sums up the set (scan_member). */
 static void ep_scan(struct ep_set *s, int *any, int *apart, int *lt_out, int *settling)
 {
     *any = *apart = *lt_out = *settling = 0;
-    for (int i = 0; i < s->n; i++) {
-        if ((s->m[i].events & (EPOLLOUT | EPOLLET)) == EPOLLOUT) *lt_out = 1;
-        struct rs_sock *k = rs_waited_sock(s->m[i].fd);       /* one look-up for both questions */
-        if (!k) continue;
-        if (rs_sock_in_handshake(k)) {
-            rs_sock_settle(k);
-            *any = 1;
-            if (rs_sock_in_handshake(k)) *settling = 1;
-        }
-        if (rs_ring_answers(k)) {
-            *any = 1;
-            if (*apart < 2 && !rs_peer_shares_cpu(k->conn)) ++*apart;
-        }
-        rs_sock_put(k);
-    }
+    for (int i = 0; i < s->n; i++) scan_member(s, i, 1, any, apart, lt_out, settling);
+}
+
+/* Member i was added or changed (caller holds the set's lock): a kept scan takes it in,
+ * rather than being dropped, as event loops change members at every request (a thousand
+ * look-ups at the next wait); one in its handshake drops it (the next wait settles it).
+ * A member that leaves is not taken out: until the next scan, at most 10 ms later, a wait
+ * may spin or ask the kernel a little more than it needs. */
+static void scan_add(struct ep_set *s, int i)
+{
+    if (!s->scan_ok) return;
+    int any = 1, apart = s->scan_apart, lt_out = s->scan_lt_out, settling = 0;
+    scan_member(s, i, 0, &any, &apart, &lt_out, &settling);
+    s->scan_ok = !settling;
+    s->scan_apart = (uint8_t)apart;
+    s->scan_lt_out = (uint8_t)lt_out;
 }
 
 /* ep_scan, or what it found last (caller holds the set's lock).  A server's wait asks it
  * of a thousand members: a look-up and a line of shared memory each, most of its time at
  * a thousand connections.  So its answer is kept while it holds: upgraded members and
- * none in its handshake (a wait must settle those), no epoll_ctl since, at most 10 ms
- * old (a peer that moved to another CPU, a member gone back to TCP: the wait tells them
+ * none in its handshake (a wait must settle those), members that epoll_ctl added or
+ * changed taken in (scan_add), at most 10 ms old (a peer that moved to another CPU, a member gone back to TCP: the wait tells them
  * as before, it only spins or looks a little differently meanwhile).  A set without
  * upgraded members is always scanned: its wait would not arm a ring that became one. */
 static void ep_scan_kept(struct ep_set *s, int *any, int *apart, int *lt_out)
@@ -844,7 +865,9 @@ RS_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const stru
 static void set_after_fork(int epfd, void *p, void *arg)
 {
     (void)epfd; (void)arg;
-    pthread_mutex_init(&((struct ep_set *)p)->lock, NULL);
+    struct ep_set *s = p;
+    pthread_mutex_init(&s->lock, NULL);
+    s->quiet_ok = 0;            /* the parent may have read what armed its quiet members */
 }
 
 void rs_ep_after_fork_child(void)
