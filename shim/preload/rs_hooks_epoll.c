@@ -689,7 +689,7 @@ static int ep_arm_kernel(int epfd, struct ep_set *s, int *resend, int *cap)
         struct rs_sock *k = rs_ring_sock(m->fd);
         if (!k) continue;
         rs_conn *c = k->conn;
-        ready |= arm_member(epfd, s, i, c, trust && !s->no_quiet);
+        ready |= arm_member(epfd, s, i, c, trust);
         if (m->events & EPOLLOUT) {
             int ms = rs_ring_sleep_cap_ms(c, POLLOUT);
             /* edge-triggered and room without a new edge: nothing to report, sleep */
