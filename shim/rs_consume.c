@@ -347,7 +347,7 @@ static int spin_for_data(rs_conn *c, size_t want, uint64_t deadline_ns, int peek
         __atomic_store_n(&k->spinning, 1, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
-    uint64_t now0 = rs_now_ns(), end = now0 + rs_spin_allow(&c->rx.spin, 1);
+    uint64_t now0 = rs_now_ns(), end = now0 + rs_spin_allow(&c->rx.spin);
     end = rs_earlier(end, deadline_ns);
     struct rs_sigwait sw = { 0 };
     int found = 0;

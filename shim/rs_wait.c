@@ -91,9 +91,9 @@ int rs_cpus_busy(void)
     return busy_now;
 }
 
-uint64_t rs_spin_allow(struct rs_spin *s, int peers)
+uint64_t rs_spin_allow(struct rs_spin *s)
 {
-    if (peers < 2 && rs_cpus_busy()) return 0;
+    if (rs_cpus_busy()) return 0;
     uint64_t cur = __atomic_load_n(&s->cur, __ATOMIC_RELAXED);
     return cur < s->max ? cur : s->max;
 }

@@ -310,3 +310,67 @@ def test_many_connections_woken_by_name(tmp_path, mode, nofile):
     if nofile:
         assert 0 < most <= 64, "%d event bells in the epoll instance" % most
     assert open(log).read().count("transport=shm") == 2 * nconns
+
+
+# Requests back to back, each on the next of the connections in turn: a server whose waits
+# spun would find each one within its spin.
+RR_CLIENT = r"""
+import socket, sys
+port, nconns, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(nconns)]
+for c in conns:
+    c.settimeout(10)
+for r in range(rounds):
+    c = conns[r % nconns]
+    msg = b"%032d" % r
+    c.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        got += c.recv(len(msg) - len(got))
+    assert got == msg, (r, got)
+for c in conns:
+    c.close()
+print("ok", flush=True)
+"""
+
+
+def _switches(pid):
+    """(voluntary, involuntary) context switches of pid's main thread."""
+    fields = dict(line.split(":", 1) for line in open("/proc/%d/status" % pid))
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+
+def test_crowded_server_sleeps_instead_of_spinning(tmp_path):
+    """A server waiting in epoll on several connections shares its CPU with a busy loop (in
+    its session, so the scheduler weighs them alike); its client runs on the other CPU.
+    A spin there would be cut short by the scheduler with no bell asked for, and the next
+    request would wait for the busy loop's slice: so its waits sleep in the kernel, woken
+    by its bells (a voluntary context switch for most requests), and every reply comes."""
+    if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+    (tmp_path / "srv.py").write_text(SERVER)
+    (tmp_path / "cli.py").write_text(RR_CLIENT)
+    log = str(tmp_path / "log")
+    port, nconns, rounds = free_port(), 4, 4000
+    env = dict(os.environ, RDMASOCK_LOG_FILE=log)
+    run = [sys.executable, "-m", "rdmasock", "run", "--", "/usr/bin/python3"]
+    hog = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    srv = subprocess.Popen(["taskset", "-c", "0"] + run + [str(tmp_path / "srv.py"), str(port), str(nconns), "epoll"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+        before = _switches(srv.pid)
+        cli = subprocess.run(["taskset", "-c", "1"] + run + [str(tmp_path / "cli.py"), str(port), str(nconns), str(rounds)],
+                             capture_output=True, text=True, timeout=180, env=env)
+        after = _switches(srv.pid)
+        assert cli.returncode == 0 and cli.stdout.strip() == "ok" and not cli.stderr, cli.stdout + cli.stderr
+        out, err = srv.communicate(timeout=30)
+        assert srv.returncode == 0 and not err, out + err
+    finally:
+        stop_process(srv)
+        stop_process(hog)
+    assert open(log).read().count("transport=shm") == 2 * nconns
+    voluntary, involuntary = after[0] - before[0], after[1] - before[1]
+    assert voluntary >= rounds // 4, (
+        "the crowded server slept %d times for %d requests (%d times preempted): its waits spun" % (
+            voluntary, rounds, involuntary))

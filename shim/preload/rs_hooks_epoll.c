@@ -579,7 +579,7 @@ static int ep_filter_out(int epfd, struct ep_set *s, struct epoll_event *ev, int
 }
 
 /* What member i adds to a scan (caller holds the set's lock): *any: it is upgraded or
- * settling; *apart: counts it (up to 2) if its peer is on another CPU; *lt_out: it waits
+ * settling; *apart: set if its peer is on another CPU; *lt_out: it waits
  * for level-triggered EPOLLOUT, which only the kernel's report gives; *settling: it is
  * still in its handshake, which `settle` first tries to finish. */
 static void scan_member(struct ep_set *s, int i, int settle, int *any, int *apart, int *lt_out, int *settling)
@@ -594,7 +594,7 @@ static void scan_member(struct ep_set *s, int i, int settle, int *any, int *apar
     }
     if (rs_ring_answers(k)) {
         *any = 1;
-        if (*apart < 2 && !rs_peer_shares_cpu(k->conn)) ++*apart;
+        if (!*apart && !rs_peer_shares_cpu(k->conn)) *apart = 1;
     }
     rs_sock_put(k);
 }
@@ -747,7 +747,7 @@ static int epoll_rings(int epfd, struct ep_set *s, struct epoll_event *ev, int m
 {
     uint64_t start = rs_now_ns();
     uint64_t deadline = rs_deadline(timeout_ms);
-    uint64_t budget = apart ? rs_spin_allow(rs_wait_spin(), apart) : 0;   /* spin only for peers on other CPUs */
+    uint64_t budget = apart ? rs_spin_allow(rs_wait_spin()) : 0;   /* spin only for peers on other CPUs */
     uint64_t spin_end = rs_earlier(start + budget, deadline);
     struct rs_sigwait sw = { 0 };
     int kernel_seen = 0;

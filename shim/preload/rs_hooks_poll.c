@@ -84,7 +84,7 @@ static int poll_rings(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
     unsigned empty_wakes = 0, nap_us = 20;
     for (;;) {
         /* answer from the ring first; spin while the peer is likely to answer soon */
-        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin(), apart) : 0);
+        uint64_t t0 = rs_now_ns(), spin_end = t0 + (apart ? rs_spin_allow(rs_wait_spin()) : 0);
         spin_end = rs_earlier(spin_end, deadline);
         struct rs_sigwait sw = { 0 };
         for (unsigned it = 0;; it++) {
