@@ -49,7 +49,8 @@ def parser():
     ap.add_argument("--scale-pg-script", choices=("select", "tpcb"), default="select",
                     help="scale: pgbench -S (default) or TPC-B; at scale 1 TPC-B's N clients all update the one "
                          "pgbench_branches row, so it measures row-lock waits more than connections")
-    ap.add_argument("--scale-placement", default="cross", help="scale: same, cross or unpinned (the scheduler places servers and clients; default cross)")
+    ap.add_argument("--scale-placement", default="cross", help="scale: same, cross, crowded (as cross, each CPU shared with a busy loop of the same session) "
+                         "or unpinned (the scheduler places servers and clients; default cross)")
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
     ap.add_argument("--no-rdma", action="store_true",
                     help="pingpong: skip the Soft-RoCE VM run (the rdma rows, bench/rdma_vm.py)")

@@ -62,6 +62,7 @@ def placements(wanted):
     p = {"same": (SERVER_CPU, SERVER_CPU)}
     if (os.cpu_count() or 1) > 1:
         p["cross"] = (SERVER_CPU, 1)
+        p["crowded"] = (SERVER_CPU, 1)        # as cross, each CPU shared with a busy loop (scale only)
     p["unpinned"] = (None, None)              # the scheduler places everything (scale only)
     return {k: v for k, v in p.items() if k in wanted}
 

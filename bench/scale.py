@@ -1,6 +1,8 @@
 """scale: N concurrent connections (pgbench -S, redis-benchmark GET): throughput and PSS."""
 import contextlib
 import statistics
+import subprocess
+import sys
 import time
 
 from . import servers as S
@@ -31,6 +33,24 @@ class MemorySampler:
         m = S.memory_kib(self.server.pids() + S.process_tree(popen.pid))
         if popen.poll() is None:                  # the client was still running: a sample of the run
             self.sample = m
+
+
+@contextlib.contextmanager
+def busy_loops(cpus):
+    """One busy loop pinned to each of cpus, in the benchmark's session, as are the servers
+    and clients started meanwhile (S.NEW_SESSION): a CPU each of them shares with another
+    program that never sleeps.  The loops are ended by PID."""
+    loops, S.NEW_SESSION[0] = [], False
+    try:
+        for cpu in sorted(set(cpus)):
+            loops.append(subprocess.Popen(S.pin(cpu) + [sys.executable, "-c", "while True: pass"],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        yield
+    finally:
+        S.NEW_SESSION[0] = True
+        for p in loops:
+            S.kill_tree(p)
 
 
 def bench_scale(args, ctx):
@@ -64,6 +84,8 @@ def bench_scale(args, ctx):
 
     servers = {}
     with contextlib.ExitStack() as stack:
+        if pl == "crowded":
+            stack.enter_context(busy_loops(cpus))
         if "pgbench" in tools:
             servers["pgbench"] = stack.enter_context(server_pair(
                 S.PgServer, impls, log_file, cpu=cpus[0], settings={"max_connections": str(max(pg_conns) + 20)}))
@@ -109,7 +131,8 @@ def bench_scale(args, ctx):
                 "%s (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
                 "%d; redis-benchmark -t get, requests sized for ~%d s" % (
                     "servers and clients not pinned" if cpus[0] is None else
-                    "server on CPU %d, client on CPU %d" % cpus, pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
+                    "server on CPU %d, client on CPU %d" % cpus + (
+                        ", each CPU shared with a busy loop, all in one session" if pl == "crowded" else ""), pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
                     max(pg_conns) + 20, duration),
                 "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
                 "sampled once during each run after all N connections were established (median over the "
