@@ -3772,7 +3772,8 @@ static void *hog_run(void *arg)
 }
 
 /* Spins in this thread for about a second while n hogs run, asking rs_cpus_busy every
- * 11 ms: how often it said busy, out of how many looks, and what rs_spin_allow gave. */
+ * 11 ms: how often it said busy, out of how many looks (after the first skip_ms, whose
+ * answers are not counted), and what rs_spin_allow gave. */
 static double thread_cpu_ms(void)
 {
     struct timespec ts;
@@ -3781,11 +3782,12 @@ static double thread_cpu_ms(void)
 }
 
 /* *share: the part of the time this thread ran (1: it had its CPU to itself). */
-static int busy_looks(int n, int *looks, uint64_t *allowed, double *share)
+static int busy_looks(int n, int skip_ms, int *looks, uint64_t *allowed, double *share)
 {
     pthread_t th[64];
     hog_stop = 0;
     for (int i = 0; i < n; i++) CHECK(pthread_create(&th[i], NULL, hog_run, NULL) == 0, "pthread_create");
+    for (double t = now_ms(); now_ms() - t < skip_ms;) rs_cpus_busy();
     int busy = 0;
     double t0 = now_ms(), c0 = thread_cpu_ms();
     for (*looks = 0; *looks < 100 && now_ms() - t0 < 5000; ++*looks) {
@@ -3814,7 +3816,7 @@ static void t_spin_when_busy(void)
     uint64_t allowed;
     double share;
     hog_cpu = -1;
-    int busy = busy_looks(n, &looks, &allowed, &share);
+    int busy = busy_looks(n, 0, &looks, &allowed, &share);
     printf("  spin_when_busy: %d hogs on %ld CPUs: busy at %d of %d looks\n", n, ncpu, busy, looks);
     CHECK(busy > looks / 2, "%d spinning threads on %ld CPUs, and rs_cpus_busy said so only %d times in %d",
           n, ncpu, busy, looks);
@@ -3829,7 +3831,9 @@ static void t_spin_when_busy(void)
     CPU_SET(1, &mine);
     CHECK(sched_setaffinity(0, sizeof mine, &mine) == 0, "sched_setaffinity");
     hog_cpu = 0;
-    busy = busy_looks(3, &looks, &allowed, &share);
+    /* a busy answer holds for 500 ms (rs_wait.c) unless the thread changes CPUs, which it
+     * may not have: this one may have run on CPU 1 already */
+    busy = busy_looks(3, 600, &looks, &allowed, &share);
     sched_setaffinity(0, sizeof old, &old);
     hog_cpu = -1;
     printf("  spin_when_busy: 3 hogs on CPU 0, this thread on CPU 1: busy at %d of %d looks, ran %.0f%% of the time\n",
