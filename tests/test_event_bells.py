@@ -344,8 +344,10 @@ def test_crowded_server_sleeps_instead_of_spinning(tmp_path):
     """A server waiting in epoll on several connections shares its CPU with a busy loop (in
     its session, so the scheduler weighs them alike); its client runs on the other CPU.
     A spin there would be cut short by the scheduler with no bell asked for, and the next
-    request would wait for the busy loop's slice: so its waits sleep in the kernel, woken
-    by its bells (a voluntary context switch for most requests), and every reply comes."""
+    request would wait for the busy loop's slice: so its waits do not spin (they sleep in
+    the kernel, woken by its bells, or find the next request already there), the server
+    is seldom preempted, and every reply comes.  Waits that spun were preempted once per
+    request (4,000 of 4,000, and never slept)."""
     if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
         pytest.skip("needs CPUs 0 and 1")
     (tmp_path / "srv.py").write_text(SERVER)
@@ -371,6 +373,6 @@ def test_crowded_server_sleeps_instead_of_spinning(tmp_path):
         stop_process(hog)
     assert open(log).read().count("transport=shm") == 2 * nconns
     voluntary, involuntary = after[0] - before[0], after[1] - before[1]
-    assert voluntary >= rounds // 4, (
-        "the crowded server slept %d times for %d requests (%d times preempted): its waits spun" % (
-            voluntary, rounds, involuntary))
+    assert involuntary < rounds // 10, (
+        "the crowded server was preempted %d times in %d requests (slept %d times): its waits spun" % (
+            involuntary, rounds, voluntary))
