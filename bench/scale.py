@@ -40,7 +40,7 @@ def busy_loops(cpus):
     """One busy loop pinned to each of cpus, in the benchmark's session, as are the servers
     and clients started meanwhile (S.NEW_SESSION): a CPU each of them shares with another
     program that never sleeps.  The loops are ended by PID."""
-    loops, S.NEW_SESSION[0] = [], False
+    loops, S.NEW_SESSION = [], False
     try:
         for cpu in sorted(set(cpus)):
             loops.append(subprocess.Popen(S.pin(cpu) + [sys.executable, "-c", "while True: pass"],
@@ -48,7 +48,7 @@ def busy_loops(cpus):
                                           stderr=subprocess.DEVNULL))
         yield
     finally:
-        S.NEW_SESSION[0] = True
+        S.NEW_SESSION = True
         for p in loops:
             S.kill_tree(p)
 

@@ -43,7 +43,7 @@ SOCKPERF = shutil.which("sockperf") or "/usr/bin/sockperf"
 # signals stay with the benchmark.  The scheduler shares a CPU fairly between sessions
 # (autogroups) before it shares it between tasks; the crowded placement (bench/scale.py)
 # keeps everything in the benchmark's session, beside its busy loops.
-NEW_SESSION = [True]
+NEW_SESSION = True
 
 
 class ServerError(RuntimeError):
@@ -234,7 +234,7 @@ def run(cmd, timeout, check=True, while_running=None, **kw):
         kw["stdin"] = subprocess.DEVNULL
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    p = subprocess.Popen(cmd, start_new_session=NEW_SESSION[0], **kw)
+    p = subprocess.Popen(cmd, start_new_session=NEW_SESSION, **kw)
     side, side_err = None, []
     if while_running is not None:
         def _side():
@@ -346,7 +346,7 @@ class _Server:
             require_preload()
         self._out = open(self.out_path, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=NEW_SESSION[0])
+                                     env=self.env, start_new_session=NEW_SESSION)
 
     def _start_on_free_port(self, argv_for, ready, timeout):
         """Starts pin(cpu) + argv_for(port) on a free port and waits until ready(); when the port

@@ -94,7 +94,8 @@ static inline void rs_spin_init(struct rs_spin *s, uint64_t max) { s->cur = s->m
  * TCP, when waits for many connections still spun; 0.2 ms, 1.7x, with none spinning). */
 uint64_t rs_spin_allow(struct rs_spin *s);
 /* This thread waits for its CPU: it waited on a run queue for more than a quarter of the
- * time it ran, over the last 10 ms or more (looked up at most that often). */
+ * time it ran, over the last 10 ms or more (looked up at most that often; a busy answer
+ * stands for 500 ms unless the thread moves to another CPU). */
 int  rs_cpus_busy(void);
 void rs_spin_result(struct rs_spin *s, int found);
 void rs_spin_missed(struct rs_spin *s, uint64_t waited_ns);
