@@ -142,24 +142,65 @@ static void forget_answer(struct rs_sock *s)
     s->answer = NULL;
 }
 
+/* The end of the stream as the peer sees it, once per socket: a FIN record, or a RESET
+ * where the kernel would reset.  The peer's doorbells and handshake bytes are read first:
+ * unread, they would make the kernel's close a reset, which throws away what is still in
+ * flight to the peer (spilled bytes, a moved stream).  Not after fork: the other process
+ * may go on with the connection and reads them. */
+static void end_stream(struct rs_sock *s)
+{
+    int st = rs_sock_state(s);
+    if (s->forked || (st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
+        return;
+    int abort = st == RS_RING && abortive_close(s);
+    if (st == RS_RING && !abort) rs_quiesce_bells(s->conn);
+    drain_unread(s->fd);
+    if (st != RS_RING) return;
+    abort ? rs_send_reset(s->conn) : rs_send_fin(s->conn);
+    s->conn->ops->closed(s->conn);             /* rdma: the doorbells its last WRITEs rang */
+}
+
+/* 1 once neither direction's lock is held, tried for about a millisecond.  exit may run
+ * in a signal handler that interrupted this very thread inside a call that holds one. */
+static int directions_free(rs_conn *c)
+{
+    for (int i = 0; i < 100; i++) {
+        if (rs_trylock(&c->rx.lock)) {
+            int tx = rs_trylock(&c->tx.lock);
+            if (tx) rs_unlock(&c->tx.lock);
+            rs_unlock(&c->rx.lock);
+            if (tx) return 1;
+        }
+        struct timespec ts = { 0, 10000 };
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* The process ends (exit): the kernel closes the socket next, without our close hook.
+ * Skipped where a lock it needs stays held (see directions_free) or another thread's
+ * handshake step holds the object: waiting for them could hang the exit. */
+void rs_sock_at_exit(struct rs_sock *s)
+{
+    if (rs_sock_state(s) == RS_RING) {
+        if (directions_free(s->conn)) end_stream(s);
+        return;
+    }
+    if (pthread_mutex_trylock(&s->lock)) return;
+    end_stream(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
 /* The last reference is gone: nobody can reach the object any more. */
 static void destroy(struct rs_sock *s)
 {
-    int abort = s->state == RS_RING && !s->forked && abortive_close(s);
-    if (s->state == RS_RING && !s->forked && !abort) rs_quiesce_bells(s->conn);
-    /* Unread handshake or doorbell bytes would make the kernel's close send a reset. */
-    if (!s->forked && (s->state == RS_SERVER_HS || s->state == RS_RING)) drain_unread(s->fd);
+    end_stream(s);
     switch (s->state) {
     case RS_RING:
-        if (!s->forked) abort ? rs_send_reset(s->conn) : rs_send_fin(s->conn);
-        /* The transport reads the doorbells the peer still rang (unread bytes would make
-         * the kernel's close a reset); one with objects of the control plane (rdma: its
-         * verbs objects) has them released, its last WRITEs first, before the memory is
-         * unmapped.  After fork they belong to the parent: the child only drops its copy. */
-        if (!s->forked) {
-            s->conn->ops->closed(s->conn);
-            if (s->conn->ops->host_objects && rs_host && rs_host->release) rs_host->release(s->conn);
-        }
+        /* A transport with objects of the control plane (rdma: its verbs objects) has them
+         * released, its last WRITEs first, before the memory is unmapped.  After fork they
+         * belong to the parent: the child only drops its copy. */
+        if (!s->forked && s->conn->ops->host_objects && rs_host && rs_host->release) rs_host->release(s->conn);
         rs_conn_free(s->conn);
         break;
     case RS_PRE_RX:

@@ -78,6 +78,7 @@ struct rs_sock {
     uint8_t  kernel_readiness;/* the program waits on the kernel socket itself, not through
                                * readiness hooks (Python API): every doorbell is read at once,
                                * and O_ASYNC is looked up, not told */
+    uint8_t  ended;           /* end_stream done: the peer was told (FIN or RESET record) */
     uint8_t  shut_pending;    /* half-closes (1 read, 2 write) a non-blocking caller asked for
                                * while the handshake was open: done when it ends */
     uint16_t reason;          /* why the handshake ended as it did (RS_REASON_*), 0: none */
@@ -108,6 +109,7 @@ void rs_sock_hold(struct rs_sock *s, int fd);     /* another application number 
  * its hold; the caller closes fd afterwards. */
 void rs_sock_release_fd(struct rs_sock *s, int fd);
 void rs_sock_mark_all_forked(void);
+void rs_sock_at_exit(struct rs_sock *s);          /* exit: ends the stream as close would */
 void rs_sock_after_fork_child(void);
 int  rs_sock_try_get(struct rs_sock *s);          /* a call on an object that may be dying: 1 ok */
 int  rs_sock_get_gen(struct rs_sock *s, uint32_t gen);   /* try_get of that life of it: 1 ok */

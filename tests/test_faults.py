@@ -1,6 +1,7 @@
 """Faults: dead peers, full rings, bad handshakes, leftovers, third-user isolation."""
 import errno
 import glob
+import json
 import os
 import pwd
 import select
@@ -95,6 +96,56 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     ends = _around_a_client_death(tmp_path, prog, ["30"], ["30", "wait"], end)
     assert ends["plain"][0] == b'{"eof": 30}\n'
     assert ends["preload"][0] == ends["plain"][0]
+
+
+@pytest.mark.parametrize("how", ["exit", "_exit"])
+def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
+    """A server that writes a large answer and ends its process (exit, _exit) with the
+    socket open, while the client has not read yet: over TCP the kernel's close sends a
+    FIN behind the answer and the client reads all of it.  Under the preload (both ends)
+    the same: the client's doorbell, unread, once made that close a reset, which threw
+    away the spilled part still in the server's socket (the client's read failed)."""
+    prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_without_close.py")
+    size = 2 << 20
+    run = [sys.executable, "-m", "rdmasock", "run", "--"]
+    env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    outs = {}
+    for mode in ("plain", "preload"):
+        pre = run if mode == "preload" else []
+        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", how, str(size)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+        try:
+            port = srv.stdout.readline().split()[1].decode()
+            cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1"], capture_output=True, env=env,
+                                 timeout=60)
+            assert srv.wait(30) == 0 and srv.stderr.read() == b""
+            assert cli.returncode == 0 and cli.stderr == b"", cli.stderr
+            outs[mode] = json.loads(cli.stdout)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait(10)
+    assert outs["plain"]["bytes"] == size
+    assert outs["preload"] == outs["plain"]
+    assert open(tmp_path / "log").read().count("transport=shm") == 2
+
+
+def test_exit_from_a_signal_handler_inside_a_call_does_not_hang(tmp_path):
+    """A handler that calls exit() interrupts a send or recv that holds a lock of the
+    connection (most often while it copies 64 KiB): the exit path, which ends each stream
+    as close would, must not wait for that lock.  It hung 19 times in 20 when it did."""
+    prog = str(tmp_path / "exit_in_handler")
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", prog, os.path.join(os.path.dirname(os.path.abspath(__file__)), "c",
+                    "exit_in_handler.c")], check=True, timeout=120)
+    run = [sys.executable, "-m", "rdmasock", "run", "--"]
+    log = tmp_path / "log"
+    for i in range(20):
+        r = subprocess.run(run + [prog, str(200 + 997 * i)], env=dict(os.environ, RDMASOCK_LOG_FILE=str(log)),
+                           capture_output=True, timeout=30)
+        assert (r.returncode, r.stdout, r.stderr) == (3, b"moving\n", b""), (i, r)
+    # the server's line of each run (the client's may still be due when the exit comes)
+    lines = open(log).read().splitlines()
+    assert sum("role=server" in l and l.endswith("transport=shm") for l in lines) == 20, lines
 
 
 @pytest.mark.parametrize("how", ["poll", "select", "epoll"])

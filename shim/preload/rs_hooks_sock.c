@@ -46,6 +46,34 @@ __attribute__((constructor)) static void hooks_init(void)
     pthread_atfork(fork_prepare, NULL, fork_child);
 }
 
+/* exit() and _exit(): the kernel closes every descriptor next, without our close hook.
+ * Each upgraded socket first ends its stream as close() would (rs_sock_at_exit): left to
+ * the kernel, a doorbell byte nobody read makes that close a reset, which throws away what
+ * is still in flight to the peer.  Not in a child that shares our memory (vfork).  The
+ * call reference taken is never put back: its last put could free the object through the
+ * control plane, which may already be finalised. */
+static void end_stream_at_exit(int fd, struct rs_sock *s, void *arg)
+{
+    (void)fd; (void)arg;
+    if (rs_sock_try_get(s)) rs_sock_at_exit(s);
+}
+
+static void end_streams(void)
+{
+    if (rs_real.read && rs_tracking() && !rs_memory_shared_child())
+        rs_socks_each(end_stream_at_exit, NULL);
+}
+
+__attribute__((destructor)) static void hooks_at_exit(void) { end_streams(); }
+
+RS_EXPORT void _exit(int status)
+{
+    end_streams();
+    for (;;) syscall(SYS_exit_group, status);
+}
+
+RS_EXPORT void _Exit(int status) __attribute__((alias("_exit")));
+
 /* A socket that stays plain TCP for a reason decided at connect/accept: it gets a stats
  * row, released when it closes. */
 static void track_plain(int fd, int role, int reason)

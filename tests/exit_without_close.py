@@ -1,0 +1,64 @@
+"""A server that answers and ends its process without closing the connection, as many
+programs do, for tests/test_faults.py.
+
+server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleeping for it,
+                 so the client's doorbell is rung), writes SIZE bytes (more than a ring
+                 holds: the rest goes out as the client reads, or spills), then ends with
+                 the socket still open: HOW is "exit" (sys.exit) or "_exit" (os._exit).
+client PORT SLEEP: connects, waits a moment, sends "go\\n", sleeps SLEEP seconds before its
+                 first read (the server's writes pile up), reads to the end of the stream,
+                 prints {"bytes": n, "sha256": hex} or {"error": name} as JSON."""
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+
+
+def pattern(size):
+    block = hashlib.sha256(b"exit").digest() * 2048
+    return (block * (size // len(block) + 1))[:size]
+
+
+def server(how, size):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    print("port", s.getsockname()[1], flush=True)
+    c, _ = s.accept()
+    got = b""
+    while not got.endswith(b"\n"):
+        got += c.recv(10)
+    c.sendall(pattern(size))
+    fd = c.detach()                     # Python's finalization must not close it for us
+    assert fd >= 0
+    if how == "_exit":
+        os._exit(0)
+    sys.exit(0)
+
+
+def client(port, sleep):
+    c = socket.create_connection(("127.0.0.1", port))
+    time.sleep(0.3)                     # the server sleeps in its recv: "go" rings a doorbell
+    c.sendall(b"go\n")
+    time.sleep(sleep)
+    h, n = hashlib.sha256(), 0
+    try:
+        while True:
+            b = c.recv(1 << 16)
+            if not b:
+                break
+            h.update(b)
+            n += len(b)
+    except OSError as e:
+        print(json.dumps({"error": type(e).__name__, "errno": e.errno, "bytes": n}), flush=True)
+        return
+    print(json.dumps({"bytes": n, "sha256": h.hexdigest()}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        server(sys.argv[2], int(sys.argv[3]))
+    else:
+        client(int(sys.argv[2]), float(sys.argv[3]))
