@@ -61,7 +61,9 @@ int rs_spin_pause(uint64_t spun_ns, struct rs_sigwait *w)
  * hardly waits for its CPU (a wake-up preempts the other task), so the next look would
  * say idle, the thread would spin again and be cut short again (pgbench -S -c 1 with a
  * busy loop on each CPU: 0.87x TCP with 10 ms between looks, 1.19x with no spinning,
- * 1.08x with the hold).  A move to another CPU looks again at once, as before. */
+ * 1.08x with the hold).  The look that ends a hold only starts a new 10 ms count, so a
+ * crowding that is over stops the spinning for about 510 ms, not for another hold.  A
+ * move to another CPU looks again at once, as before. */
 #define BUSY_LOOK_MIN_NS 10000000u
 #define BUSY_LOOK_MAX_NS 40000000u
 #define BUSY_HOLD_NS 500000000u
@@ -87,6 +89,13 @@ int rs_cpus_busy(void)
     buf[n] = 0;
     char *end;
     uint64_t run = strtoull(buf, &end, 10), wait = strtoull(end, NULL, 10);
+    if (every == BUSY_HOLD_NS) {
+        /* a hold ends: its 500 ms of figures would still show the crowding that began it,
+         * and hold again; the answer comes from the next 10 ms alone */
+        busy_run_ns = run;
+        busy_wait_ns = wait;
+        return busy_now;
+    }
     /* counters that went back belong to another thread (a forked child's copy of ours) */
     int seen = (busy_run_ns || busy_wait_ns) && run >= busy_run_ns && wait >= busy_wait_ns, was = busy_now;
     busy_now = seen && (wait - busy_wait_ns) * 4 > run - busy_run_ns;

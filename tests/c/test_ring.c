@@ -3761,12 +3761,6 @@ static int hog_cpu = -1;           /* where the hogs run: -1 anywhere */
 static void *hog_run(void *arg)
 {
     (void)arg;
-    if (hog_cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(hog_cpu, &set);
-        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-    }
     while (!hog_stop) rs_relax();
     return NULL;
 }
@@ -3786,7 +3780,17 @@ static int busy_looks(int n, int skip_ms, int *looks, uint64_t *allowed, double 
 {
     pthread_t th[64];
     hog_stop = 0;
-    for (int i = 0; i < n; i++) CHECK(pthread_create(&th[i], NULL, hog_run, NULL) == 0, "pthread_create");
+    /* pinned from their start: a hog that pinned itself first ran where its creator runs */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (hog_cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(hog_cpu, &set);
+        CHECK(pthread_attr_setaffinity_np(&attr, sizeof set, &set) == 0, "pthread_attr_setaffinity_np");
+    }
+    for (int i = 0; i < n; i++) CHECK(pthread_create(&th[i], &attr, hog_run, NULL) == 0, "pthread_create");
+    pthread_attr_destroy(&attr);
     for (double t = now_ms(); now_ms() - t < skip_ms;) rs_cpus_busy();
     int busy = 0;
     double t0 = now_ms(), c0 = thread_cpu_ms();
@@ -3831,13 +3835,14 @@ static void t_spin_when_busy(void)
     CPU_SET(1, &mine);
     CHECK(sched_setaffinity(0, sizeof mine, &mine) == 0, "sched_setaffinity");
     hog_cpu = 0;
-    /* a busy answer holds for 500 ms (rs_wait.c) unless the thread changes CPUs, which it
-     * may not have: this one may have run on CPU 1 already */
+    /* A busy answer holds for 500 ms (rs_wait.c) unless the thread changes CPUs, which it
+     * may not have (it may have run on CPU 1 already); the look that ends the hold starts
+     * a 10 ms count afresh.  So 600 ms pass before the looks are counted. */
     busy = busy_looks(3, 600, &looks, &allowed, &share);
-    sched_setaffinity(0, sizeof old, &old);
-    hog_cpu = -1;
     printf("  spin_when_busy: 3 hogs on CPU 0, this thread on CPU 1: busy at %d of %d looks, ran %.0f%% of the time\n",
            busy, looks, share * 100);
+    sched_setaffinity(0, sizeof old, &old);
+    hog_cpu = -1;
     if (share < 0.8) {
         /* another program ran on CPU 1 meanwhile: "busy" was the right answer there */
         printf("  spin_when_busy: CPU 1 was not ours alone, the placement half is inconclusive\n");
