@@ -72,6 +72,7 @@ struct rs_tx {
     uint64_t stall_since;     /* ... and when, 0 if not full */
     uint64_t spilled;         /* stream bytes sent over the socket by SPILL (relaxed) */
     uint64_t spills;          /* SPILL records written (relaxed) */
+    uint8_t  spill_settle;    /* this send spilled, or waited after a spill: rs_spill_settle due */
     int      bell_fd;         /* the peer's event bell (an eventfd) we raise, -1 none (rs_bells.c) */
     uint64_t event_bells;     /* ... raised (relaxed) */
     struct rs_tx_move move;   /* the direction's move to TCP */
@@ -356,6 +357,7 @@ static inline int rs_rx_on_tcp(rs_conn *c)
 /* rs_spill.c */
 int      rs_spill_due(rs_conn *c);
 size_t   rs_spill_send(rs_conn *c, const void *src, size_t len);
+void     rs_spill_settle(rs_conn *c);
 void     rs_spill_begin_rx(rs_conn *c, uint32_t count);
 int      rs_spill_rx_active(rs_conn *c);
 ssize_t  rs_spill_recv(rs_conn *c, void *buf, size_t len, int flags, int timeout_ms);

@@ -170,6 +170,7 @@ static int wait_credit(rs_conn *c, uint64_t need, uint64_t deadline, int progres
     struct rs_sigwait sw = { 0 };
     int r = credit_loop(c, need, deadline, progress, &sw);
     rs_sigwait_end(&sw);
+    if (c->tx.spills) c->tx.spill_settle = 1;      /* its wait asked for a credit doorbell */
     return r;
 }
 
@@ -231,7 +232,10 @@ ssize_t rs_send(rs_conn *c, const void *buf, size_t len, int nonblock, int timeo
     uint64_t deadline = rs_deadline(nonblock ? 0 : timeout_ms);
     rs_lock(&c->tx.lock);
     ssize_t r = RS_GET(c->fb) ? -EAGAIN : ring_send(c, buf, len, nonblock, timeout_ms);
+    int settle = c->tx.spill_settle;
+    c->tx.spill_settle = 0;
     rs_unlock(&c->tx.lock);
+    if (__builtin_expect(settle, 0)) rs_spill_settle(c);
     if (!RS_GET(c->fb) || RS_GET(c->err)) return r;
     rs_fb_kick(c);
     if (r < 0) r = 0;

@@ -431,6 +431,19 @@ static void shm_drop_stale(rs_conn *c)
     else rs_peer_gone(c);
 }
 
+/* rs_spill_settle: our credit doorbell request withdrawn; doorbells of records consumed
+ * read off, if no reader is at it (it would read them) and the socket holds no stream
+ * bytes in front of them. */
+static void shm_after_spill(rs_conn *c)
+{
+    __atomic_store_n(&c->tx.ctl->tx_waiting, 0, __ATOMIC_SEQ_CST);
+    if (!rs_trylock(&c->rx.lock)) return;
+    int all;
+    if (!c->rx.spill_state && !c->rx.move.state && !RS_GET(c->rx.pre.active) && bells_counted(c) > c->rx.bells_drained)
+        drain_counted(c, &all);
+    rs_unlock(&c->rx.lock);
+}
+
 static void shm_bell_every(rs_conn *c, int on)
 {
     uint32_t *want = &c->rx.ctl->want_bell;
@@ -542,6 +555,7 @@ const struct rs_transport rs_transport_shm = {
     .nonblock_empty = shm_nonblock_empty,
     .tidy = shm_tidy,
     .drop_stale = shm_drop_stale,
+    .after_spill = shm_after_spill,
     .bell_every = shm_bell_every,
     .quiesce = shm_quiesce,
     .closed = nothing,

@@ -97,8 +97,24 @@ size_t rs_spill_send(rs_conn *c, const void *src, size_t len)
     c->tx.bytes += count;
     __atomic_store_n(&c->tx.spilled, c->tx.spilled + count, __ATOMIC_RELAXED);
     __atomic_store_n(&c->tx.spills, c->tx.spills + 1, __ATOMIC_RELAXED);
+    c->tx.spill_settle = 1;
     rs_tx_flush_bell(c);
     return count;
+}
+
+/* Spilled bytes may sit unsent in our socket (the peer is not reading) for as long as the
+ * peer takes; a reset of the socket throws them away.  The kernel resets a socket that is
+ * closed with bytes unread, or that a byte reaches after its close, and that is how a
+ * process that dies ends it: no exit path of ours runs.  Over TCP neither happens to a
+ * sender that read everything.  So once a send that spilled (or waited after spilling)
+ * ends, the doorbells of records we already consumed are read off, and no credit doorbell
+ * stays asked for: a writer that waits again asks again, and the waits need it only to
+ * wake sooner (they nap, and look every 10 ms).  Data the peer writes later still rings,
+ * as its bytes would reach a dead TCP socket too.  Called without locks; transports
+ * without SPILL have no after_spill. */
+void rs_spill_settle(rs_conn *c)
+{
+    if (c->ops->after_spill) c->ops->after_spill(c);
 }
 
 /* ---- consumer ------------------------------------------------------------------------- */

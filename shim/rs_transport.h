@@ -76,6 +76,9 @@ struct rs_transport {
     void (*tidy)(struct rs_conn *c);                    /* a receive emptied the ring */
     void (*drop_stale)(struct rs_conn *c);              /* the ring is empty: read off doorbells
                                                          * already sent, asking for none */
+    void (*after_spill)(struct rs_conn *c);             /* a send that spilled ended (no lock held):
+                                                         * no credit doorbell asked, consumed ones
+                                                         * read off (rs_spill.c); NULL: no SPILL */
     void (*bell_every)(struct rs_conn *c, int on);      /* the program takes SIGIO (O_ASYNC) or not */
     uint64_t (*peer_posted)(struct rs_conn *c);         /* payload bytes the producer says it put
                                                          * into our ring (no lock; a hint for the

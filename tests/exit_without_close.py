@@ -4,13 +4,15 @@ programs do, for tests/test_faults.py.
 server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleeping for it,
                  so the client's doorbell is rung), writes SIZE bytes (more than a ring
                  holds: the rest goes out as the client reads, or spills), then ends with
-                 the socket still open: HOW is "exit" (sys.exit) or "_exit" (os._exit).
+                 the socket still open: HOW is "exit" (sys.exit), "_exit" (os._exit) or
+                 "kill" (SIGKILL to itself: none of its code runs after).
 client PORT SLEEP: connects, waits a moment, sends "go\\n", sleeps SLEEP seconds before its
                  first read (the server's writes pile up), reads to the end of the stream,
-                 prints {"bytes": n, "sha256": hex} or {"error": name} as JSON."""
+                 prints {"bytes": n, "sha256": hex} or {"error": name, ...} as JSON."""
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -35,6 +37,8 @@ def server(how, size):
     assert fd >= 0
     if how == "_exit":
         os._exit(0)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(0)
 
 

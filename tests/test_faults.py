@@ -98,13 +98,14 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert ends["preload"][0] == ends["plain"][0]
 
 
-@pytest.mark.parametrize("how", ["exit", "_exit"])
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill"])
 def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
-    """A server that writes a large answer and ends its process (exit, _exit) with the
-    socket open, while the client has not read yet: over TCP the kernel's close sends a
-    FIN behind the answer and the client reads all of it.  Under the preload (both ends)
-    the same: the client's doorbell, unread, once made that close a reset, which threw
-    away the spilled part still in the server's socket (the client's read failed)."""
+    """A server that writes a large answer and ends its process (exit, _exit, or SIGKILL)
+    with the socket open, while the client has not read yet: over TCP the kernel's close
+    sends a FIN behind the answer and the client reads all of it.  Under the preload (both
+    ends) the same: the client's doorbell, unread, or its credit doorbell reaching the
+    closed socket, once made that close a reset, which threw away the spilled part still
+    in the server's socket (the client's read failed)."""
     prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_without_close.py")
     size = 2 << 20
     run = [sys.executable, "-m", "rdmasock", "run", "--"]
@@ -118,7 +119,7 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
             port = srv.stdout.readline().split()[1].decode()
             cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1"], capture_output=True, env=env,
                                  timeout=60)
-            assert srv.wait(30) == 0 and srv.stderr.read() == b""
+            assert srv.wait(30) == (-signal.SIGKILL if how == "kill" else 0) and srv.stderr.read() == b""
             assert cli.returncode == 0 and cli.stderr == b"", cli.stderr
             outs[mode] = json.loads(cli.stdout)
         finally:
