@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -505,6 +506,8 @@ static void shm_publish_credit(rs_conn *c, int force)
 #endif
         __atomic_store_n(&k->head, c->rx.pos, __ATOMIC_RELEASE);
         c->rx.head_pub = c->rx.pos;
+        unsigned cpu = (unsigned)sched_getcpu() + 1u;      /* no system call (rseq) */
+        if (__atomic_load_n(&k->rx_cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&k->rx_cpu, cpu, __ATOMIC_RELAXED);
     }
     credit_bell(c);
 }

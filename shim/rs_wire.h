@@ -108,7 +108,8 @@ struct rs_dir_ctl {
     uint32_t want_bell;     /* consumer wants a doorbell for new data: RS_WANT_* bits */
     uint64_t credit_bells;  /* doorbell bytes the consumer sent to wake a credit-blocked producer */
     uint32_t credit_seq;    /* futex word: raised with credit for a producer asleep on it */
-    uint32_t pad_36;
+    uint32_t rx_cpu;        /* advisory: 1 + the CPU the consumer ran on when it last
+                             * published credit (0 unknown) */
     uint64_t quiet_limit;   /* with RS_WANT_QUIET: payload position (tx_bytes terms) up to which
                              * the receives asleep are sure to take what comes */
     uint8_t  pad0[64 - 48];
