@@ -8,6 +8,7 @@
 #ifndef RS_CONN_H
 #define RS_CONN_H
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include "rs_wire.h"
@@ -352,6 +353,20 @@ void     rs_bells_after_fork_child(rs_conn *c);
 static inline int rs_rx_on_tcp(rs_conn *c)
 {
     return c->ops->lossy_failure ? RS_GET(c->fb) : __atomic_load_n(&c->rx.move.state, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* The control block's advisory CPU words (tx_cpu, rx_cpu): 1 + a CPU, 0 unknown.
+ * sched_getcpu reads the rseq area: no system call. */
+static inline unsigned rs_cpu_word(void) { return (unsigned)sched_getcpu() + 1u; }
+static inline void rs_cpu_note(uint32_t *word)       /* stored only if it changed: a shared line */
+{
+    unsigned cpu = rs_cpu_word();
+    if (__atomic_load_n(word, __ATOMIC_RELAXED) != cpu) __atomic_store_n(word, cpu, __ATOMIC_RELAXED);
+}
+static inline int rs_cpu_is_mine(const uint32_t *word)
+{
+    unsigned k = __atomic_load_n(word, __ATOMIC_RELAXED);
+    return k && k == rs_cpu_word();
 }
 
 /* rs_spill.c */

@@ -326,9 +326,7 @@ static ssize_t ring_available(rs_conn *c)
 
 int rs_peer_shares_cpu(rs_conn *c)
 {
-    if (!c->rx.ctl) return 0;
-    unsigned peer = __atomic_load_n(&c->rx.ctl->tx_cpu, __ATOMIC_RELAXED);
-    return peer && peer == (unsigned)sched_getcpu() + 1u;
+    return c->rx.ctl && rs_cpu_is_mine(&c->rx.ctl->tx_cpu);
 }
 
 /* Spins for up to the connection's budget (rs_spin, rs_wait.h).  1 found, 0 not, -EINTR:

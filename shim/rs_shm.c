@@ -15,7 +15,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,8 +505,7 @@ static void shm_publish_credit(rs_conn *c, int force)
 #endif
         __atomic_store_n(&k->head, c->rx.pos, __ATOMIC_RELEASE);
         c->rx.head_pub = c->rx.pos;
-        unsigned cpu = (unsigned)sched_getcpu() + 1u;      /* no system call (rseq) */
-        if (__atomic_load_n(&k->rx_cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&k->rx_cpu, cpu, __ATOMIC_RELAXED);
+        rs_cpu_note(&k->rx_cpu);
     }
     credit_bell(c);
 }
