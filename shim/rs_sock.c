@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -142,16 +143,64 @@ static void forget_answer(struct rs_sock *s)
     s->answer = NULL;
 }
 
+/* ---- processes holding a socket ----------------------------------------------------
+ * fork gives the child every descriptor, and the kernel closes a socket when the last
+ * process holding it closes it: the stream ends there (end_stream), and nowhere else,
+ * since another holder may go on with the connection.  Each forked socket counts its
+ * holders in a word of anonymous shared memory, which fork shares with the child and
+ * which nobody else sees (not the peer): fork_prepare adds the child before the fork, so
+ * a parent that closes its copy at once (a forking server) never finds itself last.  A
+ * holder that dies by a signal or execs never takes its count back: then nobody is last,
+ * and the kernel's close ends the stream, as for a socket with no word. */
+
+#define HOLDER_WORDS (4096 / sizeof(uint32_t))
+
+struct holder_page { uint32_t *words; struct holder_page *next; };
+static struct holder_page *holder_pages;        /* under pool_lock */
+
+/* A free word (0) of a page this process shares with its family, set to n, or NULL. */
+static uint32_t *holder_word(uint32_t n)
+{
+    for (struct holder_page *p = holder_pages; p; p = p->next)
+        for (size_t i = 0; i < HOLDER_WORDS; i++) {
+            uint32_t zero = 0;
+            if (!__atomic_load_n(&p->words[i], __ATOMIC_RELAXED) &&
+                __atomic_compare_exchange_n(&p->words[i], &zero, n, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                return &p->words[i];
+        }
+    struct holder_page *p = malloc(sizeof *p);
+    void *m = p ? mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (m == MAP_FAILED) { free(p); return NULL; }
+    p->words = m;
+    p->next = holder_pages;
+    holder_pages = p;
+    p->words[0] = n;
+    return &p->words[0];
+}
+
+/* This process stops holding s, once: 1 if the stream's end is its to write, since no
+ * other process holds s now, or this process made the ring (adopt_ring: the others
+ * only close their copies). */
+static int let_go(struct rs_sock *s)
+{
+    if (__atomic_exchange_n(&s->let_go, 1, __ATOMIC_ACQ_REL)) return 0;
+    int none_left = s->holders && __atomic_sub_fetch(s->holders, 1, __ATOMIC_ACQ_REL) == 0;
+    return !s->forked || none_left;
+}
+
 /* The end of the stream as the peer sees it, once per socket: a FIN record, or a RESET
  * where the kernel would reset.  The peer's doorbells and handshake bytes are read first:
  * unread, they would make the kernel's close a reset, which throws away what is still in
- * flight to the peer (spilled bytes, a moved stream).  Not after fork: the other process
- * may go on with the connection and reads them. */
+ * flight to the peer (spilled bytes, a moved stream).  Only in the last process that
+ * holds the socket: another may go on with the connection and reads them.  A forked
+ * transport with objects of the control plane (rdma) leaves it to the kernel: its
+ * objects are the parent's. */
 static void end_stream(struct rs_sock *s)
 {
     int st = rs_sock_state(s);
-    if (s->forked || (st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
+    if ((st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
         return;
+    if (!let_go(s) || (s->forked && st == RS_RING && s->conn->ops->host_objects)) return;
     int abort = st == RS_RING && abortive_close(s);
     if (st == RS_RING && !abort) rs_quiesce_bells(s->conn);
     drain_unread(s->fd);
@@ -184,17 +233,21 @@ void rs_sock_at_exit(struct rs_sock *s)
 {
     if (rs_sock_state(s) == RS_RING) {
         if (directions_free(s->conn)) end_stream(s);
+        let_go(s);
         return;
     }
-    if (pthread_mutex_trylock(&s->lock)) return;
-    end_stream(s);
-    pthread_mutex_unlock(&s->lock);
+    if (!pthread_mutex_trylock(&s->lock)) {
+        end_stream(s);
+        pthread_mutex_unlock(&s->lock);
+    }
+    let_go(s);                                  /* this process is done with it either way */
 }
 
 /* The last reference is gone: nobody can reach the object any more. */
 static void destroy(struct rs_sock *s)
 {
     end_stream(s);
+    let_go(s);
     switch (s->state) {
     case RS_RING:
         /* A transport with objects of the control plane (rdma: its verbs objects) has them
@@ -288,8 +341,12 @@ void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
 void rs_sock_mark_all_forked(void)
 {
     pthread_mutex_lock(&pool_lock);
-    for (struct rs_sock *s = all_socks; s; s = s->all_next)
-        if (__atomic_load_n(&s->refs, __ATOMIC_RELAXED)) s->forked = 1;
+    for (struct rs_sock *s = all_socks; s; s = s->all_next) {
+        if (!__atomic_load_n(&s->refs, __ATOMIC_RELAXED) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
+        if (s->holders) __atomic_add_fetch(s->holders, 1, __ATOMIC_ACQ_REL);
+        else if (!s->forked) s->holders = holder_word(2);           /* this process and the child */
+        s->forked = 1;
+    }
     pthread_mutex_unlock(&pool_lock);
 }
 

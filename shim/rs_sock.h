@@ -79,6 +79,7 @@ struct rs_sock {
                                * readiness hooks (Python API): every doorbell is read at once,
                                * and O_ASYNC is looked up, not told */
     uint8_t  ended;           /* end_stream done: the peer was told (FIN or RESET record) */
+    uint8_t  let_go;          /* this process's count in *holders is dropped */
     uint8_t  shut_pending;    /* half-closes (1 read, 2 write) a non-blocking caller asked for
                                * while the handshake was open: done when it ends */
     uint16_t reason;          /* why the handshake ended as it did (RS_REASON_*), 0: none */
@@ -93,6 +94,8 @@ struct rs_sock {
     struct rs_answer *answer; /* SERVER_HS: the HELLO may be answered in C; LISTEN: the template
                                * of its accepted sockets' (rs_answer.c; malloc'd, ours) */
     struct rs_stat_slot *stat;
+    uint32_t *holders;        /* forked: how many processes hold it, in memory this process
+                               * shares with its forked children only; NULL: not counted */
     uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;
     pthread_mutex_t lock;     /* state transitions and the descriptor list */

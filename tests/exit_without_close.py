@@ -1,17 +1,23 @@
 """A server that answers and ends its process without closing the connection, as many
-programs do, for tests/test_faults.py.
+programs do, or answers from a forked child, for tests/test_faults.py.
 
 server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleeping for it,
                  so the client's doorbell is rung), writes SIZE bytes (more than a ring
                  holds: the rest goes out as the client reads, or spills), then ends with
                  the socket still open: HOW is "exit" (sys.exit), "_exit" (os._exit) or
                  "kill" (SIGKILL to itself: none of its code runs after).
-client PORT SLEEP: connects, waits a moment, sends "go\\n", sleeps SLEEP seconds before its
-                 first read (the server's writes pile up), reads to the end of the stream,
-                 prints {"bytes": n, "sha256": hex} or {"error": name, ...} as JSON."""
+                 HOW "fork-close" or "fork-exit": a forking server.  After "go\\n" it
+                 forks and closes its copy; the child writes SIZE bytes, waits in select
+                 for "bye\\n" (which rings a doorbell that its read leaves) and reads it,
+                 then closes the socket and exits, or exits (os._exit) with it open.
+client PORT SLEEP [bye]: connects, waits a moment, sends "go\\n" (and 0.3 s later "bye\\n"),
+                 sleeps SLEEP seconds before its first read (the server's writes pile up),
+                 reads to the end of the stream, prints {"bytes": n, "sha256": hex} or
+                 {"error": name, ...} as JSON."""
 import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -32,6 +38,8 @@ def server(how, size):
     got = b""
     while not got.endswith(b"\n"):
         got += c.recv(10)
+    if how.startswith("fork-"):
+        answer_from_child(s, c, how, size)
     c.sendall(pattern(size))
     fd = c.detach()                     # Python's finalization must not close it for us
     assert fd >= 0
@@ -42,10 +50,30 @@ def server(how, size):
     sys.exit(0)
 
 
-def client(port, sleep):
+def answer_from_child(listener, c, how, size):
+    pid = os.fork()
+    if pid:
+        c.close()                       # the child holds the connection now
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status))
+    listener.close()
+    c.sendall(pattern(size))
+    got = b""
+    while not got.endswith(b"\n"):
+        select.select([c], [], [], 30)
+        got += c.recv(10)
+    if how == "fork-close":
+        c.close()
+    os._exit(0)
+
+
+def client(port, sleep, bye):
     c = socket.create_connection(("127.0.0.1", port))
     time.sleep(0.3)                     # the server sleeps in its recv: "go" rings a doorbell
     c.sendall(b"go\n")
+    if bye:
+        time.sleep(0.3)
+        c.sendall(b"bye\n")
     time.sleep(sleep)
     h, n = hashlib.sha256(), 0
     try:
@@ -65,4 +93,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "server":
         server(sys.argv[2], int(sys.argv[3]))
     else:
-        client(int(sys.argv[2]), float(sys.argv[3]))
+        client(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:] == ["bye"])

@@ -98,14 +98,17 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert ends["preload"][0] == ends["plain"][0]
 
 
-@pytest.mark.parametrize("how", ["exit", "_exit", "kill"])
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit"])
 def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     """A server that writes a large answer and ends its process (exit, _exit, or SIGKILL)
     with the socket open, while the client has not read yet: over TCP the kernel's close
     sends a FIN behind the answer and the client reads all of it.  Under the preload (both
     ends) the same: the client's doorbell, unread, or its credit doorbell reaching the
     closed socket, once made that close a reset, which threw away the spilled part still
-    in the server's socket (the client's read failed)."""
+    in the server's socket (the client's read failed).  fork-*: the answer comes from a
+    forked child, which reads one more message (its doorbell left unread) and closes or
+    exits; the child is the last holder and must end the stream as a close would (the
+    parent's close, first, must not)."""
     prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_without_close.py")
     size = 2 << 20
     run = [sys.executable, "-m", "rdmasock", "run", "--"]
@@ -117,8 +120,9 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
                                stderr=subprocess.PIPE, env=env)
         try:
             port = srv.stdout.readline().split()[1].decode()
-            cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1"], capture_output=True, env=env,
-                                 timeout=60)
+            bye = ["bye"] if how.startswith("fork-") else []
+            cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1"] + bye, capture_output=True,
+                                 env=env, timeout=60)
             assert srv.wait(30) == (-signal.SIGKILL if how == "kill" else 0) and srv.stderr.read() == b""
             assert cli.returncode == 0 and cli.stderr == b"", cli.stderr
             outs[mode] = json.loads(cli.stdout)
