@@ -129,6 +129,10 @@ int rs_tx_switch_now(rs_conn *c)
     for (unsigned i = 0;; i++) {
         uint8_t due = 1;
         if (__atomic_compare_exchange_n(&c->switch_due, &due, 2, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            if (!c->switch_sent && c->ops->may_switch && !c->ops->may_switch(c)) {
+                RS_SET(c->switch_due, 0);       /* the server closes: nobody reads it */
+                return 1;
+            }
             uint8_t h[RS_PRE_HDR];
             put_header(h, RS_PRE_SWITCH, 0);
             long n = 0;
@@ -248,7 +252,10 @@ int rs_pre_settle_locked(rs_conn *c)
  * client's own data stay unread: TCP resets then too.  1 if the preamble is over. */
 int rs_pre_quiesce(rs_conn *c, uint64_t ns)
 {
-    if (c->rx.pre.lazy) ns = 0;                       /* its SWITCH is not in flight on its own */
+    /* A lazy client's SWITCH is not in flight on its own: it comes at the client's next
+     * call, maybe after our close.  Where the transport can tell the client that we close
+     * (shm), it then sends none, and one it is sending already is waited for. */
+    if (c->rx.pre.lazy && !(c->ops->closing_unswitched && c->ops->closing_unswitched(c))) ns = 0;
     uint64_t until = rs_now_ns() + ns;
     while (RS_GET(c->rx.pre.active)) {
         if (rs_pre_settle(c)) return 1;

@@ -444,6 +444,28 @@ static void shm_after_spill(rs_conn *c)
     rs_unlock(&c->rx.lock);
 }
 
+/* A lazy client's SWITCH (rs_pre_switch_later) may come long after the server closed, and
+ * a byte reaching a closed socket is answered with a reset, which throws away what the
+ * server's socket still holds for the client (spilled bytes).  Each side announces itself,
+ * then looks at the other (both sequentially consistent): either the client sees that the
+ * server closes and sends no SWITCH, or the server sees the SWITCH on its way and waits for
+ * it (PROTOCOL 2.9). */
+static int shm_may_switch(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->tx.ctl;
+    __atomic_store_n(&k->switching, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&k->closing, __ATOMIC_SEQ_CST)) return 1;
+    __atomic_store_n(&k->switching, 2, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static int shm_closing_unswitched(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->rx.ctl;
+    __atomic_store_n(&k->closing, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&k->switching, __ATOMIC_SEQ_CST) == 1;
+}
+
 static void shm_bell_every(rs_conn *c, int on)
 {
     uint32_t *want = &c->rx.ctl->want_bell;
@@ -558,6 +580,8 @@ const struct rs_transport rs_transport_shm = {
     .drop_stale = shm_drop_stale,
     .after_spill = shm_after_spill,
     .bell_every = shm_bell_every,
+    .may_switch = shm_may_switch,
+    .closing_unswitched = shm_closing_unswitched,
     .quiesce = shm_quiesce,
     .closed = nothing,
     .after_fork_child = rs_bells_after_fork_child,

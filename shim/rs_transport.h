@@ -85,6 +85,11 @@ struct rs_transport {
                                                          * holder, rs_hold.c) */
 
     /* The connection. */
+    int  (*may_switch)(struct rs_conn *c);              /* client, before its lazy SWITCH: 0 if the
+                                                         * server closes already (send none); NULL: 1 */
+    int  (*closing_unswitched)(struct rs_conn *c);      /* server, closing before the client's lazy
+                                                         * SWITCH: tells the client; 1 if it is being
+                                                         * sent (wait for it); NULL: 0 */
     void (*quiesce)(struct rs_conn *c);                 /* before our FIN: no doorbell asked, none unread */
     void (*closed)(struct rs_conn *c);                  /* after our FIN: read what the peer still rang */
     void (*after_fork_child)(struct rs_conn *c);

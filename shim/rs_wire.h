@@ -112,15 +112,21 @@ struct rs_dir_ctl {
                              * published credit (0 unknown) */
     uint64_t quiet_limit;   /* with RS_WANT_QUIET: payload position (tx_bytes terms) up to which
                              * the receives asleep are sure to take what comes */
-    uint8_t  pad0[64 - 48];
+    uint32_t closing;       /* advisory (c2s): the server closes before it read the client's
+                             * SWITCH; a client that has not sent it sends none */
+    uint8_t  pad0[64 - 52];
     /* written by the producer (sender of this direction) */
     uint64_t tx_bytes;      /* payload bytes published into the ring, as of the last wait for credit */
     uint64_t data_bells;    /* doorbell bytes the producer sent to wake the consumer */
     uint32_t tx_waiting;    /* producer is blocked on a full ring, wants credit: RS_WAIT_* bits */
     uint32_t tx_cpu;        /* advisory: 1 + the CPU the producer last ran on (0 unknown) */
     uint32_t data_seq;      /* futex word: raised with a record for a consumer asleep on it */
-    uint8_t  pad1[64 - 28];
+    uint32_t switching;     /* advisory (c2s): the client sends its SWITCH (1) or, told that the
+                             * server closes, sends none (2) */
+    uint8_t  pad1[64 - 32];
 };
+
+_Static_assert(sizeof(struct rs_dir_ctl) == 128, "two cache lines, one per writer (PROTOCOL 4.4)");
 
 /* Header page of a shm segment: [hdr page][ring 0: client->server][ring 1: server->client] */
 struct rs_seg_hdr {

@@ -5,15 +5,17 @@ server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleepin
                  so the client's doorbell is rung), writes SIZE bytes (more than a ring
                  holds: the rest goes out as the client reads, or spills), then ends with
                  the socket still open: HOW is "exit" (sys.exit), "_exit" (os._exit) or
-                 "kill" (SIGKILL to itself: none of its code runs after).
+                 "kill" (SIGKILL to itself: none of its code runs after); or HOW "close"
+                 closes it, then exits.
                  HOW "fork-close" or "fork-exit": a forking server.  After "go\\n" it
                  forks and closes its copy; the child writes SIZE bytes, waits in select
                  for "bye\\n" (which rings a doorbell that its read leaves) and reads it,
                  then closes the socket and exits, or exits (os._exit) with it open.
-client PORT SLEEP [bye]: connects, waits a moment, sends "go\\n" (and 0.3 s later "bye\\n"),
-                 sleeps SLEEP seconds before its first read (the server's writes pile up),
-                 reads to the end of the stream, prints {"bytes": n, "sha256": hex} or
-                 {"error": name, ...} as JSON."""
+client PORT SLEEP [bye|early]: connects, waits a moment, sends "go\\n" (and 0.3 s later
+                 "bye\\n"; "early": at once, before the handshake has ended, so that the
+                 client's SWITCH is due at its next call), sleeps SLEEP seconds before its
+                 first read (the server's writes pile up), reads to the end of the stream,
+                 prints {"bytes": n, "sha256": hex} or {"error": name, ...} as JSON."""
 import hashlib
 import json
 import os
@@ -41,6 +43,9 @@ def server(how, size):
     if how.startswith("fork-"):
         answer_from_child(s, c, how, size)
     c.sendall(pattern(size))
+    if how == "close":
+        c.close()
+        sys.exit(0)
     fd = c.detach()                     # Python's finalization must not close it for us
     assert fd >= 0
     if how == "_exit":
@@ -67,11 +72,12 @@ def answer_from_child(listener, c, how, size):
     os._exit(0)
 
 
-def client(port, sleep, bye):
+def client(port, sleep, opt):
     c = socket.create_connection(("127.0.0.1", port))
-    time.sleep(0.3)                     # the server sleeps in its recv: "go" rings a doorbell
+    if opt != "early":
+        time.sleep(0.3)                 # the server sleeps in its recv: "go" rings a doorbell
     c.sendall(b"go\n")
-    if bye:
+    if opt == "bye":
         time.sleep(0.3)
         c.sendall(b"bye\n")
     time.sleep(sleep)
@@ -93,4 +99,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "server":
         server(sys.argv[2], int(sys.argv[3]))
     else:
-        client(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:] == ["bye"])
+        client(int(sys.argv[2]), float(sys.argv[3]), (sys.argv[4:] or [""])[0])

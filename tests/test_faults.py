@@ -98,7 +98,7 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert ends["preload"][0] == ends["plain"][0]
 
 
-@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit"])
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit", "close+early", "_exit+early"])
 def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     """A server that writes a large answer and ends its process (exit, _exit, or SIGKILL)
     with the socket open, while the client has not read yet: over TCP the kernel's close
@@ -108,20 +108,25 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     in the server's socket (the client's read failed).  fork-*: the answer comes from a
     forked child, which reads one more message (its doorbell left unread) and closes or
     exits; the child is the last holder and must end the stream as a close would (the
-    parent's close, first, must not)."""
+    parent's close, first, must not).  +early: the client writes before the handshake has
+    ended, so its SWITCH (PROTOCOL 2.9) is due at its next call, its first read, after the
+    server's close: that byte, reaching the closed socket, was answered with a reset (the
+    client read 373,696 bytes, then ECONNRESET); told that the server closes, the client
+    sends none."""
     prog = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_without_close.py")
     size = 2 << 20
     run = [sys.executable, "-m", "rdmasock", "run", "--"]
     env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
+    server_how, _, opt = how.partition("+")
+    opt = opt or ("bye" if how.startswith("fork-") else "")
     outs = {}
     for mode in ("plain", "preload"):
         pre = run if mode == "preload" else []
-        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", how, str(size)], stdout=subprocess.PIPE,
+        srv = subprocess.Popen(pre + ["/usr/bin/python3", prog, "server", server_how, str(size)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env)
         try:
             port = srv.stdout.readline().split()[1].decode()
-            bye = ["bye"] if how.startswith("fork-") else []
-            cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1"] + bye, capture_output=True,
+            cli = subprocess.run(pre + ["/usr/bin/python3", prog, "client", port, "1", opt], capture_output=True,
                                  env=env, timeout=60)
             assert srv.wait(30) == (-signal.SIGKILL if how == "kill" else 0) and srv.stderr.read() == b""
             assert cli.returncode == 0 and cli.stderr == b"", cli.stderr
