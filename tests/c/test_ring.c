@@ -3279,6 +3279,50 @@ static void t_lazy_switch_behind_full_preamble(void)
     pair_close(&p);
 }
 
+/* A lazy client's SWITCH against the server's close (PROTOCOL 2.10).  A SWITCH that
+ * reached the closed socket would be answered with a reset, which throws away what the
+ * server's socket still holds for the client.  Told that the server closes, the client
+ * sends none; a SWITCH the client announced is waited for (20 ms at most) and read off. */
+static void t_lazy_switch_after_server_close(void)
+{
+    struct pair p;
+    pre_pair_open(&p, 4096);
+    p.srv->rx.pre.lazy = 1;
+    rs_pre_switch_later(p.cli);
+    double t0 = now_ms();
+    rs_quiesce_bells(p.srv);                          /* the server's close, before any SWITCH */
+    CHECK(now_ms() - t0 < 15, "the close waited %.0f ms for a SWITCH nobody announced", now_ms() - t0);
+    CHECK_EQ(p.cli->tx.ctl->closing, 1);
+    CHECK_EQ(rs_tx_switch_now(p.cli), 1);
+    CHECK(p.cli->switch_due == 0 && p.cli->switch_sent == 0 && p.cli->tx.ctl->switching == 2,
+          "the client should give its SWITCH up (due %d, sent %d, switching %u)", p.cli->switch_due,
+          p.cli->switch_sent, p.cli->tx.ctl->switching);
+    CHECK(readable(p.fd[0], 0) == 0, "a byte reached the server's socket after its close");
+    pair_close(&p);
+
+    /* The client announced its SWITCH before it could see the close: the close reads it. */
+    pre_pair_open(&p, 4096);
+    p.srv->rx.pre.lazy = 1;
+    rs_pre_switch_later(p.cli);
+    __atomic_store_n(&p.cli->tx.ctl->switching, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(rs_pre_switch(p.fd[1]), 0);              /* it is on its way */
+    rs_quiesce_bells(p.srv);
+    CHECK(!p.srv->rx.pre.active, "the close did not read the SWITCH that was on its way");
+    CHECK(readable(p.fd[0], 0) == 0, "the SWITCH stayed unread on the server's socket");
+    pair_close(&p);
+
+    /* Announced, but it never comes (a client that stopped in between): the close waits
+     * for it no longer than 20 ms. */
+    pre_pair_open(&p, 4096);
+    p.srv->rx.pre.lazy = 1;
+    __atomic_store_n(&p.cli->tx.ctl->switching, 1, __ATOMIC_SEQ_CST);
+    t0 = now_ms();
+    rs_quiesce_bells(p.srv);
+    double dt = now_ms() - t0;
+    CHECK(dt >= 15 && dt < 500, "the close waited %.0f ms for an announced SWITCH (20 ms expected)", dt);
+    pair_close(&p);
+}
+
 /* A signal while rs_pre_send waits to finish a frame it has started: write_rest's
  * wait_event returns -EINTR and write_rest turns it into -EIO, leaving half a frame on
  * the stream.  The caller gets EIO for bytes the server will partly receive, and the
@@ -4013,6 +4057,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     { "pre_send_signal", t_pre_send_signal },
     { "pre_moved_behind_preamble", t_pre_moved_behind_preamble },
     { "lazy_switch_behind_full_preamble", t_lazy_switch_behind_full_preamble },
+    { "lazy_switch_after_server_close", t_lazy_switch_after_server_close },
     { "sleep_signal_rules", t_sleep_signal_rules },
     { "word_wake", t_word_wake },
     { "word_wake_one_sided", t_word_wake_one_sided },
