@@ -468,6 +468,46 @@ print("ok")
 """
 
 
+FORKING_SERVER = """
+import os, socket, sys, time
+mod = __import__(sys.argv[1])
+srv = mod.create_server(("127.0.0.1", 0))
+c = mod.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"go")
+assert s.recv(2) == b"go"
+pid = os.fork()
+if pid == 0:                      # the child answers, after the parent has closed its copy
+    try:
+        srv.close()
+        time.sleep(0.2)
+        s.sendall(b"y" * 100000)
+        s.close()
+    finally:
+        os._exit(0)
+s.close()
+got = b""
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+assert got == b"y" * 100000, len(got)
+assert os.waitpid(pid, 0)[1] == 0
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["api", "preload"])
+def test_forking_server_parent_close_leaves_the_stream_to_the_child(mode, tmp_path):
+    """A forking server: the parent closes its copy of the accepted socket at once and the
+    child answers.  As over TCP, the client reads the child's answer, then the end of the
+    stream: a close in a process other than the last holder ends nothing.  Through the
+    Python API, the parent's close wrote the FIN record and the client read no byte."""
+    _run_program(tmp_path, FORKING_SERVER, mode)
+    assert (tmp_path / "log").read_text().count("transport=shm") == 2
+
+
 @pytest.mark.parametrize("mode", ["api", "preload"])
 def test_descriptors_above_1023(mode, tmp_path):
     """Sockets numbered above 1023 (select() cannot take them) upgrade like the others,

@@ -6,7 +6,9 @@
  * pointer to its rs_sock and the life (gen) it was made in, and every call takes a call
  * reference for that life first, so a close() in another thread never frees what a call
  * is using and never lets a call land on the object's next life. */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include "rs_api.h"
@@ -42,7 +44,19 @@ static const struct rs_host_ops api_host = {
     .stat_open = api_stat_open, .stat_close = api_stat_close,
 };
 
-void rs_api_install(void) { rs_host = &api_host; }
+/* os.fork() (or a fork in any library of the process) gives the child every socket: an
+ * object that existed at the fork is `forked`, with the child counted as one more holder,
+ * so that only the last process to let go of it ends its stream (a forking server's
+ * parent closes its copy at once); the child forgets calls of threads it does not have. */
+static void api_fork_prepare(void) { rs_sock_mark_all_forked(); }
+static void api_fork_child(void) { rs_sock_after_fork_child(); }
+
+void rs_api_install(void)
+{
+    static int once;
+    rs_host = &api_host;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_ACQ_REL)) pthread_atfork(api_fork_prepare, NULL, api_fork_child);
+}
 
 /* ---- objects ------------------------------------------------------------------------ */
 
