@@ -147,36 +147,66 @@ static void forget_answer(struct rs_sock *s)
  * fork gives the child every descriptor, and the kernel closes a socket when the last
  * process holding it closes it: the stream ends there (end_stream), and nowhere else,
  * since another holder may go on with the connection.  Each forked socket counts its
- * holders in a word of anonymous shared memory, which fork shares with the child and
- * which nobody else sees (not the peer): fork_prepare adds the child before the fork, so
- * a parent that closes its copy at once (a forking server) never finds itself last.  A
- * holder that dies by a signal or execs never takes its count back: then nobody is last,
- * and the kernel's close ends the stream, as for a socket with no word. */
+ * holders in a record of anonymous shared memory, which fork shares with the child and
+ * which nobody else sees (not the peer).  fork_prepare adds the child to the count before
+ * the fork, so a parent that closes its copy at once (a forking server) never finds itself
+ * last; the child lists its pid once it runs.  Each process takes its count back at its
+ * last close or its exit.  One that never does (killed, or ended by _exit where nothing of
+ * ours runs: a Python API process) is taken off by the next to let go, once its pid is
+ * gone (kill(pid, 0): ESRCH).  A holder that execs, or is not listed (more than
+ * HOLDER_PIDS of them, a child not yet running), stays counted: nobody is then last, and
+ * the kernel's close ends the stream, as for a socket with no record. */
 
-#define HOLDER_WORDS (4096 / sizeof(uint32_t))
+#define HOLDER_PIDS 15
 
-struct holder_page { uint32_t *words; struct holder_page *next; };
+struct holders {
+    uint32_t count;
+    int32_t  pid[HOLDER_PIDS];          /* holders known by pid; 0: free */
+};
+_Static_assert(sizeof(struct holders) == 64, "a cache line each");
+
+#define HOLDER_RECORDS (4096 / sizeof(struct holders))
+
+struct holder_page { struct holders *rec; struct holder_page *next; };
 static struct holder_page *holder_pages;        /* under pool_lock */
 
-/* A free word (0) of a page this process shares with its family, set to n, or NULL. */
-static uint32_t *holder_word(uint32_t n)
+static void holder_list(struct holders *h, int32_t pid)
 {
-    for (struct holder_page *p = holder_pages; p; p = p->next)
-        for (size_t i = 0; i < HOLDER_WORDS; i++) {
-            uint32_t zero = 0;
-            if (!__atomic_load_n(&p->words[i], __ATOMIC_RELAXED) &&
-                __atomic_compare_exchange_n(&p->words[i], &zero, n, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-                return &p->words[i];
-        }
-    struct holder_page *p = malloc(sizeof *p);
-    void *m = p ? mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
-    if (m == MAP_FAILED) { free(p); return NULL; }
-    p->words = m;
-    p->next = holder_pages;
-    holder_pages = p;
-    p->words[0] = n;
-    return &p->words[0];
+    for (int i = 0; i < HOLDER_PIDS; i++) {
+        int32_t zero = 0;
+        if (__atomic_compare_exchange_n(&h->pid[i], &zero, pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) return;
+    }
 }
+
+/* A free record (count 0) of a page this process shares with its family: count n, this
+ * process listed; NULL if none can be had. */
+static struct holders *holders_new(uint32_t n)
+{
+    struct holders *h = NULL;
+    for (struct holder_page *p = holder_pages; p && !h; p = p->next)
+        for (size_t i = 0; i < HOLDER_RECORDS && !h; i++) {
+            uint32_t zero = 0;
+            if (!__atomic_load_n(&p->rec[i].count, __ATOMIC_RELAXED) &&
+                __atomic_compare_exchange_n(&p->rec[i].count, &zero, n, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                h = &p->rec[i];
+        }
+    if (!h) {
+        struct holder_page *p = malloc(sizeof *p);
+        void *m = p ? mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+        if (m == MAP_FAILED) { free(p); return NULL; }
+        p->rec = m;
+        p->next = holder_pages;
+        holder_pages = p;
+        h = &p->rec[0];
+        h->count = n;
+    }
+    for (int i = 0; i < HOLDER_PIDS; i++) __atomic_store_n(&h->pid[i], 0, __ATOMIC_RELAXED);
+    holder_list(h, (int32_t)syscall(SYS_getpid));
+    return h;
+}
+
+/* Takes one count back; 1 if it was the last. */
+static int holders_drop(struct holders *h) { return __atomic_sub_fetch(&h->count, 1, __ATOMIC_ACQ_REL) == 0; }
 
 /* This process stops holding s, once: 1 if the stream's end is its to write, since no
  * other process holds s now, or this process made the ring (adopt_ring: the others
@@ -184,8 +214,26 @@ static uint32_t *holder_word(uint32_t n)
 static int let_go(struct rs_sock *s)
 {
     if (__atomic_exchange_n(&s->let_go, 1, __ATOMIC_ACQ_REL)) return 0;
-    int none_left = s->holders && __atomic_sub_fetch(s->holders, 1, __ATOMIC_ACQ_REL) == 0;
-    return !s->forked || none_left;
+    struct holders *h = s->holders;
+    if (!h) return !s->forked;
+    int32_t me = (int32_t)syscall(SYS_getpid);
+    for (int i = 0; i < HOLDER_PIDS; i++) {
+        int32_t mine = me;
+        if (__atomic_compare_exchange_n(&h->pid[i], &mine, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
+    }
+    int last = holders_drop(h);
+    for (int i = 0; i < HOLDER_PIDS && !last; i++) {
+        int32_t p = __atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE);
+        if (p <= 0 || p == me || syscall(SYS_kill, p, 0) == 0 || errno != ESRCH) continue;
+        if (__atomic_compare_exchange_n(&h->pid[i], &p, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) last = holders_drop(h);
+    }
+    return !s->forked || last;
+}
+
+/* The child of a fork lists itself as a holder of what it inherited. */
+static void holders_after_fork_child(struct rs_sock *s)
+{
+    if (s->holders && !s->let_go) holder_list(s->holders, (int32_t)syscall(SYS_getpid));
 }
 
 /* The end of the stream as the peer sees it, once per socket: a FIN record, or a RESET
@@ -343,8 +391,8 @@ void rs_sock_mark_all_forked(void)
     pthread_mutex_lock(&pool_lock);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
         if (!__atomic_load_n(&s->refs, __ATOMIC_RELAXED) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
-        if (s->holders) __atomic_add_fetch(s->holders, 1, __ATOMIC_ACQ_REL);
-        else if (!s->forked) s->holders = holder_word(2);           /* this process and the child */
+        if (s->holders) __atomic_add_fetch(&s->holders->count, 1, __ATOMIC_ACQ_REL);
+        else if (!s->forked) s->holders = holders_new(2);           /* this process and the child */
         s->forked = 1;
     }
     pthread_mutex_unlock(&pool_lock);
@@ -360,6 +408,7 @@ void rs_sock_after_fork_child(void)
         if (!r) continue;
         __atomic_store_n(&s->refs, r & ~CALLS, __ATOMIC_RELAXED);
         pthread_mutex_init(&s->lock, NULL);
+        holders_after_fork_child(s);
         if (s->conn) rs_conn_after_fork_child(s->conn);
     }
 }

@@ -94,7 +94,7 @@ struct rs_sock {
     struct rs_answer *answer; /* SERVER_HS: the HELLO may be answered in C; LISTEN: the template
                                * of its accepted sockets' (rs_answer.c; malloc'd, ours) */
     struct rs_stat_slot *stat;
-    uint32_t *holders;        /* forked: how many processes hold it, in memory this process
+    struct holders *holders;  /* forked: the processes that hold it, in memory this process
                                * shares with its forked children only; NULL: not counted */
     uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;

@@ -11,6 +11,9 @@ server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleepin
                  forks and closes its copy; the child writes SIZE bytes, waits in select
                  for "bye\\n" (which rings a doorbell that its read leaves) and reads it,
                  then closes the socket and exits, or exits (os._exit) with it open.
+                 HOW "fork-killed": after "go\\n" it forks a child that SIGKILLs itself
+                 (it never gives its share of the socket back), reaps it, then answers as
+                 the child of fork-close does.
 client PORT SLEEP [bye|early]: connects, waits a moment, sends "go\\n" (and 0.3 s later
                  "bye\\n"; "early": at once, before the handshake has ended, so that the
                  client's SWITCH is due at its next call), sleeps SLEEP seconds before its
@@ -57,6 +60,11 @@ def server(how, size):
 
 def answer_from_child(listener, c, how, size):
     pid = os.fork()
+    if how == "fork-killed":
+        if not pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pid = 0                         # this process answers
     if pid:
         c.close()                       # the child holds the connection now
         _, status = os.waitpid(pid, 0)
@@ -67,7 +75,7 @@ def answer_from_child(listener, c, how, size):
     while not got.endswith(b"\n"):
         select.select([c], [], [], 30)
         got += c.recv(10)
-    if how == "fork-close":
+    if how != "fork-exit":
         c.close()
     os._exit(0)
 

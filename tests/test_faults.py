@@ -98,7 +98,8 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert ends["preload"][0] == ends["plain"][0]
 
 
-@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit", "close+early", "_exit+early"])
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit", "fork-killed", "close+early",
+                                 "_exit+early"])
 def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     """A server that writes a large answer and ends its process (exit, _exit, or SIGKILL)
     with the socket open, while the client has not read yet: over TCP the kernel's close
@@ -108,7 +109,8 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     in the server's socket (the client's read failed).  fork-*: the answer comes from a
     forked child, which reads one more message (its doorbell left unread) and closes or
     exits; the child is the last holder and must end the stream as a close would (the
-    parent's close, first, must not).  +early: the client writes before the handshake has
+    parent's close, first, must not).  fork-killed: a child killed at once never gives its
+    share back; the parent answering is still the last holder once the child is gone.  +early: the client writes before the handshake has
     ended, so its SWITCH (PROTOCOL 2.9) is due at its next call, its first read, after the
     server's close: that byte, reaching the closed socket, was answered with a reset (the
     client read 373,696 bytes, then ECONNRESET); told that the server closes, the client
