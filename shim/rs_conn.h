@@ -252,6 +252,7 @@ uint64_t rs_tx_full_ns(rs_conn *c);
 int      rs_tx_spill_room(rs_conn *c);
 void     rs_tx_put_spill(rs_conn *c, uint32_t count);
 int      rs_tx_unread_at_peer(rs_conn *c);
+int      rs_tx_tail_is_ours(rs_conn *c);
 int      rs_tx_credit_unread(rs_conn *c);
 int      rs_conn_reset_once(rs_conn *c);
 void     rs_tx_put_moved(rs_conn *c);

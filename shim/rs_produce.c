@@ -21,6 +21,18 @@ static inline void store_fence(void)
     __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
+/* Whether the ring's tail is where this process thinks: after a fork another holder may
+ * have written records since (PRELOAD 4), which the peer has consumed past our position,
+ * or which sit at it still (the ring beyond a producer's tail is zero, 8 bytes at least:
+ * room kept for the FIN record).  The peer's head is taken as it is: a false one only
+ * keeps us from writing our end. */
+int rs_tx_tail_is_ours(rs_conn *c)
+{
+    if (!c->tx.ring || !c->tx.ctl) return 1;
+    if (__atomic_load_n((uint32_t *)(c->tx.ring + (c->tx.pos & c->mask)), __ATOMIC_ACQUIRE)) return 0;
+    return __atomic_load_n(&c->tx.ctl->head, __ATOMIC_ACQUIRE) <= c->tx.pos;
+}
+
 /* Writes keep 8 bytes of the ring free for the FIN record, so close never has to wait. */
 static inline uint64_t tx_free(rs_conn *c)
 {

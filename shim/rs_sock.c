@@ -240,15 +240,17 @@ static void holders_after_fork_child(struct rs_sock *s)
  * where the kernel would reset.  The peer's doorbells and handshake bytes are read first:
  * unread, they would make the kernel's close a reset, which throws away what is still in
  * flight to the peer (spilled bytes, a moved stream).  Only in the last process that
- * holds the socket: another may go on with the connection and reads them.  A forked
- * transport with objects of the control plane (rdma) leaves it to the kernel: its
- * objects are the parent's. */
+ * holds the socket: another may go on with the connection and reads them.  Left to the
+ * kernel by a forked last holder whose ring cursors another holder has moved on since the
+ * fork (its end would land on their records), and by a forked transport with objects of
+ * the control plane (rdma): its objects are the parent's. */
 static void end_stream(struct rs_sock *s)
 {
     int st = rs_sock_state(s);
     if ((st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
         return;
-    if (!let_go(s) || (s->forked && st == RS_RING && s->conn->ops->host_objects)) return;
+    if (!let_go(s)) return;
+    if (s->forked && st == RS_RING && (s->conn->ops->host_objects || !rs_tx_tail_is_ours(s->conn))) return;
     int abort = st == RS_RING && abortive_close(s);
     if (st == RS_RING && !abort) rs_quiesce_bells(s->conn);
     drain_unread(s->fd);

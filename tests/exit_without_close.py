@@ -11,6 +11,9 @@ server HOW SIZE: prints "port N", accepts one connection, reads "go\\n" (sleepin
                  forks and closes its copy; the child writes SIZE bytes, waits in select
                  for "bye\\n" (which rings a doorbell that its read leaves) and reads it,
                  then closes the socket and exits, or exits (os._exit) with it open.
+                 HOW "fork-late": the child writes SIZE bytes and exits; the parent waits
+                 for it, then closes its copy, last, with a view of the ring from before
+                 the child wrote.
                  HOW "fork-killed": after "go\\n" it forks a child that SIGKILLs itself
                  (it never gives its share of the socket back), reaps it, then answers as
                  the child of fork-close does.
@@ -66,11 +69,15 @@ def answer_from_child(listener, c, how, size):
         os.waitpid(pid, 0)
         pid = 0                         # this process answers
     if pid:
-        c.close()                       # the child holds the connection now
+        if how != "fork-late":
+            c.close()                   # the child holds the connection now
         _, status = os.waitpid(pid, 0)
+        c.close()
         os._exit(os.waitstatus_to_exitcode(status))
     listener.close()
     c.sendall(pattern(size))
+    if how == "fork-late":
+        os._exit(0)
     got = b""
     while not got.endswith(b"\n"):
         select.select([c], [], [], 30)

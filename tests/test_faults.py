@@ -98,8 +98,8 @@ def test_client_process_dies_server_reads_what_tcp_gives(how, tmp_path):
     assert ends["preload"][0] == ends["plain"][0]
 
 
-@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit", "fork-killed", "close+early",
-                                 "_exit+early"])
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill", "fork-close", "fork-exit", "fork-killed", "fork-late",
+                                 "close+early", "_exit+early"])
 def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     """A server that writes a large answer and ends its process (exit, _exit, or SIGKILL)
     with the socket open, while the client has not read yet: over TCP the kernel's close
@@ -110,7 +110,9 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     forked child, which reads one more message (its doorbell left unread) and closes or
     exits; the child is the last holder and must end the stream as a close would (the
     parent's close, first, must not).  fork-killed: a child killed at once never gives its
-    share back; the parent answering is still the last holder once the child is gone.  +early: the client writes before the handshake has
+    share back; the parent answering is still the last holder once the child is gone.
+    fork-late: the parent, last to close, has a view of the ring from before the child
+    wrote: it must not write its end there (it would overwrite the child's records).  +early: the client writes before the handshake has
     ended, so its SWITCH (PROTOCOL 2.9) is due at its next call, its first read, after the
     server's close: that byte, reaching the closed socket, was answered with a reset (the
     client read 373,696 bytes, then ECONNRESET); told that the server closes, the client
@@ -120,7 +122,7 @@ def test_server_that_exits_without_close_delivers_its_answer(how, tmp_path):
     run = [sys.executable, "-m", "rdmasock", "run", "--"]
     env = dict(os.environ, RDMASOCK_LOG_FILE=str(tmp_path / "log"))
     server_how, _, opt = how.partition("+")
-    opt = opt or ("bye" if how.startswith("fork-") else "")
+    opt = opt or ("bye" if how in ("fork-close", "fork-exit", "fork-killed") else "")
     outs = {}
     for mode in ("plain", "preload"):
         pre = run if mode == "preload" else []
