@@ -72,7 +72,8 @@ def answer_from_child(listener, c, how, size):
         if how != "fork-late":
             c.close()                   # the child holds the connection now
         _, status = os.waitpid(pid, 0)
-        c.close()
+        if how == "fork-late":
+            c.close()                   # last, with a view of the ring from before the child wrote
         os._exit(os.waitstatus_to_exitcode(status))
     listener.close()
     c.sendall(pattern(size))
