@@ -74,17 +74,17 @@ static long peek_hello(int fd, uint8_t m[RS_HS_LEN], int wait_ms)
 static int link_to(const struct rs_answer *a)
 {
     if (!a->name_len || a->name_len > sizeof a->name) return -EINVAL;
-    int u = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int u = (int)rs_syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u < 0) return -errno;
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     memcpy(sa.sun_path + 1, a->name, a->name_len);          /* sun_path[0] = 0: abstract */
     socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + a->name_len);
-    if (syscall(SYS_connect, u, &sa, sl) < 0) {
+    if (rs_syscall(SYS_connect, u, &sa, sl) < 0) {
         int e = errno;
-        syscall(SYS_close, u);
+        rs_syscall(SYS_close, u);
         return -e;
     }
-    syscall(SYS_shutdown, u, SHUT_RD);
+    rs_syscall(SYS_shutdown, u, SHUT_RD);
     return u;
 }
 
@@ -107,9 +107,9 @@ static int pass_fds(const struct rs_answer *a, const uint8_t *nonce, const int *
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
     memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-    long w = syscall(SYS_sendmsg, u, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    long w = rs_syscall(SYS_sendmsg, u, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     int r = w == (long)sizeof msg ? 0 : w < 0 ? -errno : -EIO;
-    if (u != a->link_fd) syscall(SYS_close, u);
+    if (u != a->link_fd) rs_syscall(SYS_close, u);
     return r;
 }
 
@@ -137,16 +137,16 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
     struct rs_seg seg;
     rs_conn *c = NULL;
     if (rs_shm_map(fds[0], &seg, 0) == 0) c = rs_conn_attach_shm(&seg, fd, 1, a->spin_ns);
-    if (!c) { syscall(SYS_close, fds[0]); return RS_ANSWER_DEFER; }
+    if (!c) { rs_syscall(SYS_close, fds[0]); return RS_ANSWER_DEFER; }
     if (features & RS_HS_F_EVENT_BELL) {
         a->bells_err = (int16_t)rs_bells_create(fds + 1);
         if (!a->bells_err) nfds = 3;
         else features &= ~RS_HS_F_EVENT_BELL;
     }
     int passed = pass_fds(a, m + RS_HS_AT_NONCE, fds, nfds);
-    syscall(SYS_close, fds[0]);
+    rs_syscall(SYS_close, fds[0]);
     if (passed < 0) {
-        if (nfds == 3) { syscall(SYS_close, fds[1]); syscall(SYS_close, fds[2]); }
+        if (nfds == 3) { rs_syscall(SYS_close, fds[1]); rs_syscall(SYS_close, fds[2]); }
         rs_conn_free(c);
         return RS_ANSWER_DEFER;
     }
@@ -154,8 +154,8 @@ int rs_answer_shm(struct rs_answer *a, int fd, int wait_ms, uintptr_t out[2])
      * socket's doorbell bytes wake us, as the client's wait holds them too (rs_bells.c) */
     if (nfds == 3 && (a->bells_err = (int16_t)rs_conn_set_bells(c, fds[1], fds[2])) < 0) {
         a->bells_kept = 1;
-        syscall(SYS_close, fds[1]);
-        syscall(SYS_close, fds[2]);
+        rs_syscall(SYS_close, fds[1]);
+        rs_syscall(SYS_close, fds[2]);
     }
     c->spill_ok = !!(features & RS_HS_F_SPILL);
     c->word_wake_ok = !!(features & RS_HS_F_FUTEX_WAKE);
@@ -215,7 +215,7 @@ int rs_answer_plan(const struct rs_answer *tpl, int fd, struct rs_answer *a)
     socklen_t ll = sizeof l, pl = sizeof p;
     uint8_t lip[16] = { 0 }, pip[16] = { 0 };
     uint16_t lport, pport;
-    if (syscall(SYS_getsockname, fd, &l, &ll) < 0 || syscall(SYS_getpeername, fd, &p, &pl) < 0 ||
+    if (rs_syscall(SYS_getsockname, fd, &l, &ll) < 0 || rs_syscall(SYS_getpeername, fd, &p, &pl) < 0 ||
         !v4_of(&l, lip, &lport) || !v4_of(&p, pip, &pport)) return RS_PLAN_ASK;
     *a = *tpl;
     a->engine_fd = a->link_fd = -1;
@@ -232,9 +232,9 @@ int rs_answer_plan(const struct rs_answer *tpl, int fd, struct rs_answer *a)
      * the other end: a name anybody could have bound proves nothing by itself. */
     struct ucred cr;
     socklen_t cl = sizeof cr;
-    if (syscall(SYS_getsockopt, u, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
+    if (rs_syscall(SYS_getsockopt, u, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
         rs_diag_tcp_owner(AF_INET, pip, ntohs(pport), lip, ntohs(lport)) != (long)cr.uid) {
-        syscall(SYS_close, u);
+        rs_syscall(SYS_close, u);
         return RS_PLAN_ASK;
     }
     a->link_fd = rs_fd_move_high(u);

@@ -48,9 +48,9 @@ static int budget_allows_two(void)
 
 int rs_fd_move_high(int fd)
 {
-    int high = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, (int)(nofile_soft() / 2));
+    int high = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, (int)(nofile_soft() / 2));
     if (high < 0) return fd;
-    syscall(SYS_close, fd);
+    rs_syscall(SYS_close, fd);
     return high;
 }
 
@@ -64,7 +64,7 @@ int rs_bells_create(int fds[2])
     fds[1] = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fds[1] < 0) {
         int e = errno;
-        syscall(SYS_close, fds[0]);
+        rs_syscall(SYS_close, fds[0]);
         return -e;
     }
     return 0;
@@ -100,7 +100,7 @@ int rs_conn_set_bells(rs_conn *c, int own, int peer)
 int rs_bell_raise(rs_conn *c)
 {
     uint64_t zero = 0;
-    if (c->tx.bell_fd < 0 || syscall(SYS_write, c->tx.bell_fd, &zero, sizeof zero) != (long)sizeof zero) return 0;
+    if (c->tx.bell_fd < 0 || rs_syscall(SYS_write, c->tx.bell_fd, &zero, sizeof zero) != (long)sizeof zero) return 0;
     __atomic_fetch_add(&c->tx.event_bells, 1, __ATOMIC_RELAXED);
     return 1;
 }
@@ -120,14 +120,14 @@ int rs_bell_in_epoll(rs_conn *c, int epfd, uint32_t id, int fd)
     for (i = 0; i < c->rx.bell_nsets && c->rx.bell_sets[i].epfd != epfd; i++) {}
     if (i < c->rx.bell_nsets && c->rx.bell_sets[i].id == id) {
         if (c->rx.bell_sets[i].fd == fd) ok = 1;
-        else if (syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_MOD, c->rx.bell_fd, &ev) == 0) {
+        else if (rs_syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_MOD, c->rx.bell_fd, &ev) == 0) {
             c->rx.bell_sets[i].fd = fd;
             ok = 2;
         }
     } else if (i < RS_BELL_SETS) {
         /* already there (an instance shared under another number): its data is made ours */
-        if (syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_ADD, c->rx.bell_fd, &ev) == 0 ||
-            (errno == EEXIST && syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_MOD, c->rx.bell_fd, &ev) == 0)) {
+        if (rs_syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_ADD, c->rx.bell_fd, &ev) == 0 ||
+            (errno == EEXIST && rs_syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_MOD, c->rx.bell_fd, &ev) == 0)) {
             c->rx.bell_sets[i].epfd = epfd;            /* a reused number's entry is replaced */
             c->rx.bell_sets[i].id = id;
             c->rx.bell_sets[i].fd = fd;
@@ -146,7 +146,7 @@ void rs_bells_release(rs_conn *c)
     if (c->rx.bell_fd < 0 && c->tx.bell_fd < 0) return;
     rs_bells_drop_own(c);
     if (c->tx.bell_fd >= 0) {
-        syscall(SYS_close, c->tx.bell_fd);
+        rs_syscall(SYS_close, c->tx.bell_fd);
         __atomic_sub_fetch(&bells_held, 1, __ATOMIC_RELAXED);
     }
     c->tx.bell_fd = -1;
@@ -159,9 +159,9 @@ void rs_bells_drop_own(rs_conn *c)
 {
     if (c->rx.bell_fd < 0) return;
     for (int i = 0; i < c->rx.bell_nsets; i++)
-        syscall(SYS_epoll_ctl, c->rx.bell_sets[i].epfd, EPOLL_CTL_DEL, c->rx.bell_fd, NULL);
+        rs_syscall(SYS_epoll_ctl, c->rx.bell_sets[i].epfd, EPOLL_CTL_DEL, c->rx.bell_fd, NULL);
     c->rx.bell_nsets = 0;
-    syscall(SYS_close, c->rx.bell_fd);
+    rs_syscall(SYS_close, c->rx.bell_fd);
     c->rx.bell_fd = -1;
     __atomic_sub_fetch(&bells_held, 1, __ATOMIC_RELAXED);
 }

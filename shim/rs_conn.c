@@ -121,7 +121,7 @@ int rs_conn_describe(rs_conn *c, char *buf, size_t n)
 long rs_conn_app_flags(rs_conn *c)
 {
     if (!c->rx.flags_unseen) return -1;
-    long fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    long fl = rs_syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
     return fl < 0 ? -1 : fl;
 }
 

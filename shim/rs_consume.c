@@ -220,7 +220,7 @@ void rs_shutdown_rd(rs_conn *c)
     rs_unlock(&c->rx.lock);
     rs_note_silent_change();
     if (c->word_wake_ok) rs_word_raise(&c->rx.ctl->data_seq);      /* ... and those asleep on the word */
-    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_RD);
+    rs_syscall(SYS_shutdown, rs_fd_enter(c), SHUT_RD);
     rs_fd_leave(c);
 }
 

@@ -27,6 +27,7 @@
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
 #include "rs_diag.h"
+#include "rs_sys.h"
 
 #define NL_HDR    sizeof(struct nlmsghdr)
 #define UDIAG_MSG sizeof(struct unix_diag_msg)
@@ -82,10 +83,10 @@ int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const u
 {
     size_t alen = family == AF_INET ? 4 : family == AF_INET6 ? 16 : 0;
     if (!alen) return -EAFNOSUPPORT;
-    int nl = (int)syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    int nl = (int)rs_syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (nl < 0) return -errno;
     struct timeval tv = { .tv_sec = 1 };
-    syscall(SYS_setsockopt, nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    rs_syscall(SYS_setsockopt, nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct { struct nlmsghdr h; struct inet_diag_req_v2 r; } req;
     memset(&req, 0, sizeof req);
     req.h.nlmsg_len = sizeof req;
@@ -102,11 +103,11 @@ int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const u
     req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
     struct sockaddr_nl kernel = { .nl_family = AF_NETLINK };
     int r = -EPROTO;
-    if (syscall(SYS_sendto, nl, &req, sizeof req, 0, &kernel, sizeof kernel) != (long)sizeof req) {
+    if (rs_syscall(SYS_sendto, nl, &req, sizeof req, 0, &kernel, sizeof kernel) != (long)sizeof req) {
         r = -errno;
     } else {
         union { struct nlmsghdr h; char b[8192]; } buf;
-        long n = syscall(SYS_recvfrom, nl, buf.b, sizeof buf.b, 0, NULL, NULL);
+        long n = rs_syscall(SYS_recvfrom, nl, buf.b, sizeof buf.b, 0, NULL, NULL);
         if (n < 0) r = -errno;
         for (struct nlmsghdr *h = &buf.h; n > 0 && NLMSG_OK(h, (unsigned long)n); h = NLMSG_NEXT(h, n)) {
             if (h->nlmsg_type == NLMSG_ERROR) {
@@ -125,6 +126,6 @@ int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const u
             r = -ENOENT;
         }
     }
-    syscall(SYS_close, nl);
+    rs_syscall(SYS_close, nl);
     return r;
 }

@@ -101,7 +101,7 @@ static void bell_every_locked(rs_conn *c, int on)
 static void see_async_flag(rs_conn *c, long fl)
 {
     if (!c->rx.flags_unseen) return;
-    if (fl < 0) fl = syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
+    if (fl < 0) fl = rs_syscall(SYS_fcntl, rs_fd_peek(c), F_GETFL);
     if (fl >= 0 && !(fl & O_ASYNC) != !c->rx.bell_every) bell_every_locked(c, (fl & O_ASYNC) != 0);
 }
 
@@ -264,7 +264,7 @@ int rs_peer_gone(rs_conn *c)
         } else {
             struct tcp_info ti;
             socklen_t l = sizeof ti;
-            if (syscall(SYS_getsockopt, rs_fd_enter(c), IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 &&
+            if (rs_syscall(SYS_getsockopt, rs_fd_enter(c), IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 &&
                 ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_FIN_WAIT2)
                 RS_SET(c->tcp_eof, 1);                      /* the peer's FIN, behind our own SHUT_RD */
             rs_fd_leave(c);
@@ -291,14 +291,14 @@ int rs_wait_fd(rs_conn *c, int timeout_ms)
     short out = rs_tx_switch(c) ? 0 : POLLOUT;          /* room for our SWITCH wakes us too */
     if (timeout_ms < 0 && !c->ops->silent_failure && !out) {
         int fd = rs_fd_enter(c);
-        int own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 1024);
-        if (own < 0) own = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+        int own = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 1024);
+        if (own < 0) own = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
         rs_fd_leave(c);
         if (own >= 0) {
             uint8_t b;
-            long r = syscall(SYS_recvfrom, own, &b, 1, MSG_PEEK, NULL, NULL);
+            long r = rs_syscall(SYS_recvfrom, own, &b, 1, MSG_PEEK, NULL, NULL);
             int e = errno;
-            syscall(SYS_close, own);
+            rs_syscall(SYS_close, own);
             if (r >= 0 || e != EAGAIN) {             /* EAGAIN: O_NONBLOCK set meanwhile: poll */
                 if (r == 0 && !RS_GET(c->rx.shut_rd)) RS_SET(c->tcp_eof, 1);
                 if (r < 0 && e == EINTR) return -EINTR;

@@ -102,7 +102,7 @@ static int wait_room(rs_conn *c, uint64_t deadline, uint64_t *since)
 
 static void shut_wr(rs_conn *c)
 {
-    syscall(SYS_shutdown, rs_fd_enter(c), SHUT_WR);
+    rs_syscall(SYS_shutdown, rs_fd_enter(c), SHUT_WR);
     rs_fd_leave(c);
 }
 
@@ -374,7 +374,7 @@ size_t rs_fb_rx_take(rs_conn *c, uint8_t *dst, size_t len)
     rx_leave_ring(c);
     if (rx_resync(c) != 1) return 0;
     int queued = 0;
-    long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &queued);
+    long r = rs_syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &queued);
     rs_fd_leave(c);
     if (r < 0 || queued <= 0) return 0;
     long n = rs_c_recv(c, dst, (size_t)queued < len ? (size_t)queued : len, MSG_DONTWAIT);
@@ -498,7 +498,7 @@ long rs_fb_rx_available(rs_conn *c)
 {
     if (c->rx.move.state != RX_PLAIN) return 0;
     int n = 0;
-    long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
+    long r = rs_syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
     rs_fd_leave(c);
     return r < 0 ? 0 : n;
 }

@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "rs_conn.h"
+#include "rs_sys.h"
 
 #define RS_HOLD_AFTER_NS (RS_HOLD_AFTER_MS * 1000000ull)   /* no room this long before the writer holds */
 #define RS_HOLD_MIN      (64u << 10)      /* first allocation */
@@ -59,10 +60,10 @@
 static uint64_t tcp_mem_field(const char *path, int k)
 {
     char buf[128];
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    int fd = (int)rs_syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
-    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-    syscall(SYS_close, fd);
+    long n = rs_syscall(SYS_read, fd, buf, sizeof buf - 1);
+    rs_syscall(SYS_close, fd);
     if (n <= 0) return 0;
     buf[n] = 0;
     char *p = buf;
@@ -92,7 +93,7 @@ static uint64_t hold_limit(rs_conn *c)
     int rcvbuf = 0;
     socklen_t len = sizeof rcvbuf;
     int fd = rs_fd_enter(c);
-    if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) < 0 || rcvbuf < 0) rcvbuf = 0;
+    if (rs_syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) < 0 || rcvbuf < 0) rcvbuf = 0;
     rs_fd_leave(c);
     uint64_t l = w + (uint64_t)rcvbuf;
     return l > (1ull << 31) ? 1ull << 31 : l;

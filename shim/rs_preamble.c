@@ -52,7 +52,7 @@ static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int do
     struct msghdr m = { .msg_iov = iov, .msg_iovlen = n ? 2 : 1 };
     long r;
     for (;;) {
-        r = syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
+        r = rs_syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
         if (r >= 0) break;
         int e = errno;
         /* A caller that must not fail (SWITCH) waits even on an O_NONBLOCK socket. */

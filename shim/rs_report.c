@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "rs_conn.h"
+#include "rs_sys.h"
 
 /* The kernel's TCP_INFO describes the socket, which carried only the handshake and the
  * doorbells.  Its payload byte counters become the connection's (`in`, `out`: payload the
@@ -52,7 +53,7 @@ static int sockopt_int(int fd, int level, int name)
 {
     int v = 0;
     socklen_t l = sizeof v;
-    return syscall(SYS_getsockopt, fd, level, name, &v, &l) == 0 ? v : 0;
+    return rs_syscall(SYS_getsockopt, fd, level, name, &v, &l) == 0 ? v : 0;
 }
 
 /* The ancillary data a TCP socket gives with received bytes, if the program asked for it:

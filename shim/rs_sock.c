@@ -37,7 +37,7 @@ static int timeo_ms(int fd, int name)
 {
     struct timeval tv = { 0, 0 };
     socklen_t l = sizeof tv;
-    if (syscall(SYS_getsockopt, fd, SOL_SOCKET, name, &tv, &l) < 0 || (!tv.tv_sec && !tv.tv_usec)) return -1;
+    if (rs_syscall(SYS_getsockopt, fd, SOL_SOCKET, name, &tv, &l) < 0 || (!tv.tv_sec && !tv.tv_usec)) return -1;
     long long ms = (long long)tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000;
     return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
@@ -81,10 +81,10 @@ struct rs_sock *rs_sock_new(int fd, int state)
     s->fd = fd;
     s->state = state;
     s->handle = -1;
-    int fl = (int)syscall(SYS_fcntl, fd, F_GETFL);
+    int fl = (int)rs_syscall(SYS_fcntl, fd, F_GETFL);
     s->nonblock = fl >= 0 && (fl & O_NONBLOCK);
     struct stat st;
-    s->ino = syscall(SYS_fstat, fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
+    s->ino = rs_syscall(SYS_fstat, fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
     s->rcvtimeo_ms = timeo_ms(fd, SO_RCVTIMEO);
     s->sndtimeo_ms = timeo_ms(fd, SO_SNDTIMEO);
     pthread_mutex_init(&s->lock, NULL);
@@ -132,13 +132,13 @@ static int abortive_close(struct rs_sock *s)
 {
     struct linger lg = { 0, 0 };
     socklen_t l = sizeof lg;
-    if (syscall(SYS_getsockopt, s->fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff && !lg.l_linger) return 1;
+    if (rs_syscall(SYS_getsockopt, s->fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff && !lg.l_linger) return 1;
     return rs_rx_available(s->conn) > 0;
 }
 
 static void forget_answer(struct rs_sock *s)
 {
-    if (s->answer && s->answer->link_fd >= 0) syscall(SYS_close, s->answer->link_fd);
+    if (s->answer && s->answer->link_fd >= 0) rs_syscall(SYS_close, s->answer->link_fd);
     free(s->answer);
     s->answer = NULL;
 }
@@ -201,7 +201,7 @@ static struct holders *holders_new(uint32_t n)
         h->count = n;
     }
     for (int i = 0; i < HOLDER_PIDS; i++) __atomic_store_n(&h->pid[i], 0, __ATOMIC_RELAXED);
-    holder_list(h, (int32_t)syscall(SYS_getpid));
+    holder_list(h, (int32_t)rs_syscall(SYS_getpid));
     return h;
 }
 
@@ -216,7 +216,7 @@ static int let_go(struct rs_sock *s)
     if (__atomic_exchange_n(&s->let_go, 1, __ATOMIC_ACQ_REL)) return 0;
     struct holders *h = s->holders;
     if (!h) return !s->forked;
-    int32_t me = (int32_t)syscall(SYS_getpid);
+    int32_t me = (int32_t)rs_syscall(SYS_getpid);
     for (int i = 0; i < HOLDER_PIDS; i++) {
         int32_t mine = me;
         if (__atomic_compare_exchange_n(&h->pid[i], &mine, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
@@ -224,7 +224,7 @@ static int let_go(struct rs_sock *s)
     int last = holders_drop(h);
     for (int i = 0; i < HOLDER_PIDS && !last; i++) {
         int32_t p = __atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE);
-        if (p <= 0 || p == me || syscall(SYS_kill, p, 0) == 0 || errno != ESRCH) continue;
+        if (p <= 0 || p == me || rs_syscall(SYS_kill, p, 0) == 0 || errno != ESRCH) continue;
         if (__atomic_compare_exchange_n(&h->pid[i], &p, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) last = holders_drop(h);
     }
     return !s->forked || last;
@@ -233,7 +233,7 @@ static int let_go(struct rs_sock *s)
 /* The child of a fork lists itself as a holder of what it inherited. */
 static void holders_after_fork_child(struct rs_sock *s)
 {
-    if (s->holders && !s->let_go) holder_list(s->holders, (int32_t)syscall(SYS_getpid));
+    if (s->holders && !s->let_go) holder_list(s->holders, (int32_t)rs_syscall(SYS_getpid));
 }
 
 /* The end of the stream as the peer sees it, once per socket: a FIN record, or a RESET
@@ -251,9 +251,12 @@ static void end_stream(struct rs_sock *s)
         return;
     if (!let_go(s)) return;
     if (s->forked && st == RS_RING && (s->conn->ops->host_objects || !rs_tx_tail_is_ours(s->conn))) return;
+    /* Its number closed where we did not see it (rs_sock_abandon_fd), a socket has no
+     * descriptor left to read off: the kernel's close came first.  The ring still ends. */
+    int open = s->fd >= 0;
     int abort = st == RS_RING && abortive_close(s);
-    if (st == RS_RING && !abort) rs_quiesce_bells(s->conn);
-    drain_unread(s->fd);
+    if (st == RS_RING && !abort && open) rs_quiesce_bells(s->conn);
+    if (open) drain_unread(s->fd);
     if (st != RS_RING) return;
     abort ? rs_send_reset(s->conn) : rs_send_fin(s->conn);
     s->conn->ops->closed(s->conn);             /* rdma: the doorbells its last WRITEs rang */
@@ -312,7 +315,7 @@ static void destroy(struct rs_sock *s)
     case RS_CLIENT_HS:
         /* The server's answer may arrive after the close and provoke a reset, which would
          * overtake the end of what we sent: our FIN goes first, as TCP's close sends it. */
-        if (!s->forked) syscall(SYS_shutdown, s->fd, SHUT_WR);
+        if (!s->forked) rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
         if (rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;
     case RS_SERVER_HS:
@@ -327,7 +330,7 @@ static void destroy(struct rs_sock *s)
     }
     forget_answer(s);
     if (rs_host && rs_host->stat_close) rs_host->stat_close(s->stat);   /* after the rings are gone */
-    if (s->own_fd) syscall(SYS_close, s->fd);
+    if (s->own_fd) rs_syscall(SYS_close, s->fd);
     s->conn = NULL;
     s->stat = NULL;
     pthread_mutex_destroy(&s->lock);
@@ -376,8 +379,8 @@ static void drop_hold(struct rs_sock *s, int fd, int fd_open)
         } else if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) & CALLS) {
             /* A call is still inside: it keeps the socket, as the kernel's would, on a
              * duplicate of our own (the application's number may be reused at once). */
-            int priv = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
-            if (priv < 0) priv = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+            int priv = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
+            if (priv < 0) priv = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
             if (priv >= 0) { use_fd(s, priv); s->own_fd = 1; }
         }
     }
@@ -425,17 +428,17 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     int one = 1, v = 0;
     socklen_t sl = sizeof v;
     c->fd = s->fd;                              /* the engine worked on a descriptor of its own */
-    if (syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) s->app_nodelay = v != 0;
+    if (rs_syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &v, &sl) == 0) s->app_nodelay = v != 0;
     sl = sizeof v;
-    if (syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &v, &sl) == 0) s->app_cork = v != 0;
+    if (rs_syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &v, &sl) == 0) s->app_cork = v != 0;
     /* The TCP socket now carries only doorbells: Nagle would hold one back for a delayed
      * ACK, a cork for up to 200 ms.  The application's own settings are kept virtually
      * (the getsockopt/setsockopt hooks). */
     int zero = 0;
-    syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (s->app_cork) syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
+    rs_syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (s->app_cork) rs_syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
     s->conn = c;
-    int fl = (int)syscall(SYS_fcntl, s->fd, F_GETFL);
+    int fl = (int)rs_syscall(SYS_fcntl, s->fd, F_GETFL);
     if (!s->kernel_readiness) {
         c->rx.lazy_tidy = !s->ep_unknown && !(fl >= 0 && (fl & O_ASYNC));
         c->rx.flags_unseen = 0;                 /* the fcntl hook tells us (rs_sock_flags_seen) */
@@ -457,7 +460,7 @@ static void shut_pending_now(struct rs_sock *s)
         if (p & 1) rs_shutdown_rd(s->conn);
         if (p & 2) rs_send_fin(s->conn);
     } else {
-        syscall(SYS_shutdown, s->fd, p == 3 ? SHUT_RDWR : p == 1 ? SHUT_RD : SHUT_WR);
+        rs_syscall(SYS_shutdown, s->fd, p == 3 ? SHUT_RDWR : p == 1 ? SHUT_RD : SHUT_WR);
     }
 }
 
@@ -469,7 +472,7 @@ static void set_broken(struct rs_sock *s, int err)
 {
     s->err = err;
     __atomic_store_n(&s->state, RS_BROKEN, __ATOMIC_RELEASE);
-    syscall(SYS_shutdown, s->fd, SHUT_RD);
+    rs_syscall(SYS_shutdown, s->fd, SHUT_RD);
 }
 
 int rs_sock_step(struct rs_sock *s, int wait_ms)

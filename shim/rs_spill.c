@@ -70,7 +70,7 @@ size_t rs_spill_send(rs_conn *c, const void *src, size_t len)
     if (len > RS_SPILL_MAX) len = RS_SPILL_MAX;
     struct iovec iov[2] = { { mark, sizeof mark }, { (void *)src, len } };
     struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
-    long n = syscall(SYS_sendmsg, rs_fd_enter(c), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    long n = rs_syscall(SYS_sendmsg, rs_fd_enter(c), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) n = -errno;
     rs_fd_leave(c);
     if (n <= 0) {
@@ -226,7 +226,7 @@ long rs_spill_available(rs_conn *c)
 {
     if (reach_data(c) != 1) return 0;
     int n = 0;
-    long r = syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
+    long r = rs_syscall(SYS_ioctl, rs_fd_enter(c), FIONREAD, &n);
     rs_fd_leave(c);
     if (r < 0 || n < 0) return 0;
     return (uint64_t)n < c->rx.spill_left ? n : (long)c->rx.spill_left;

@@ -81,10 +81,10 @@ int rs_cpus_busy(void)
     busy_at_ns = now;
     busy_every_ns = BUSY_LOOK_MIN_NS;         /* unless the answer repeats (below) */
     char buf[96];
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    int fd = (int)rs_syscall(SYS_openat, AT_FDCWD, "/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return busy_now = 0;
-    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-    syscall(SYS_close, fd);
+    long n = rs_syscall(SYS_read, fd, buf, sizeof buf - 1);
+    rs_syscall(SYS_close, fd);
     if (n <= 0) return busy_now = 0;
     buf[n] = 0;
     char *end;
@@ -171,11 +171,11 @@ static int sleep_fd_exact(int fd, short events, int ms)
     sigfillset(&want);
     for (int sig = 1; sig < NSIG; sig++)
         if (sigismember(&w.saved, sig) == 1) sigdelset(&want, sig);
-    int sfd = (int)syscall(SYS_signalfd4, -1, &want, (size_t)(_NSIG / 8), SFD_CLOEXEC | SFD_NONBLOCK);
+    int sfd = (int)rs_syscall(SYS_signalfd4, -1, &want, (size_t)(_NSIG / 8), SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) { rs_sigwait_end(&w); return 0; }
     struct pollfd p[2] = { { .fd = fd, .events = events }, { .fd = sfd, .events = POLLIN } };
     int r = rs_sys_poll(p, 2, ms);
-    syscall(SYS_close, sfd);
+    rs_syscall(SYS_close, sfd);
     int out = r < 0 ? r : 1;
     if (r > 0 && p[1].revents) out = rs_sigwait_nap(&w, 0, RS_SIG_RESTART);
     rs_sigwait_end(&w);
@@ -203,14 +203,14 @@ int rs_sleep_fd(int fd, short events, uint64_t deadline)
  * after an SA_RESTART handler, EINTR otherwise), which no poll or nanosleep can tell. */
 static int nap_restartable(uint64_t ns)
 {
-    int tfd = (int)syscall(SYS_timerfd_create, CLOCK_MONOTONIC, TFD_CLOEXEC);
+    int tfd = (int)rs_syscall(SYS_timerfd_create, CLOCK_MONOTONIC, TFD_CLOEXEC);
     if (tfd < 0) return 0;                         /* out of descriptors: the approximation */
     struct itimerspec its = { { 0, 0 }, { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) } };
-    long r = syscall(SYS_timerfd_settime, tfd, 0, &its, NULL);
+    long r = rs_syscall(SYS_timerfd_settime, tfd, 0, &its, NULL);
     uint64_t ticks;
-    if (r == 0) r = syscall(SYS_read, tfd, &ticks, sizeof ticks);
+    if (r == 0) r = rs_syscall(SYS_read, tfd, &ticks, sizeof ticks);
     int e = errno;
-    syscall(SYS_close, tfd);
+    rs_syscall(SYS_close, tfd);
     return r < 0 && e == EINTR ? -EINTR : 1;
 }
 
@@ -259,8 +259,8 @@ int rs_sigwait_nap(struct rs_sigwait *w, uint64_t ns, int rule)
         restart = rule == RS_SIG_RESTART && (sa.sa_flags & SA_RESTART) != 0 && sa.sa_handler != SIG_DFL;
     /* The signal goes back to this thread, with its information where the kernel allows
      * it, and its action runs now, as it would have run inside the kernel's wait. */
-    pid_t tid = (pid_t)syscall(SYS_gettid), pid = getpid();
-    if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, &si) != 0) syscall(SYS_tgkill, pid, tid, sig);
+    pid_t tid = (pid_t)rs_syscall(SYS_gettid), pid = getpid();
+    if (rs_syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, &si) != 0) rs_syscall(SYS_tgkill, pid, tid, sig);
     pthread_sigmask(SIG_SETMASK, &w->saved, NULL);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     return restart ? 1 : -EINTR;
@@ -282,12 +282,12 @@ void rs_lock_wait(rs_lock_t *l)
         rs_relax();
     }
     while (__atomic_exchange_n(&l->v, 2, __ATOMIC_ACQUIRE) != 0)
-        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+        rs_syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
 }
 
 void rs_lock_wake(rs_lock_t *l)
 {
-    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    rs_syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* ---- wake-ups through shared memory (shm's FUTEX_WAKE feature) ------------------------ */
@@ -296,7 +296,7 @@ int rs_word_wait(const uint32_t *word, uint32_t seen, int timeout_ms)
 {
     struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
     /* not FUTEX_PRIVATE: the word is in a segment the peer process maps too */
-    long r = syscall(SYS_futex, word, FUTEX_WAIT, seen, timeout_ms < 0 ? NULL : &ts, NULL, 0);
+    long r = rs_syscall(SYS_futex, word, FUTEX_WAIT, seen, timeout_ms < 0 ? NULL : &ts, NULL, 0);
     if (r == 0 || errno == EAGAIN) return 1;
     if (errno == ETIMEDOUT) return 0;
     return -errno;
@@ -315,7 +315,7 @@ int rs_words_wait(const uint32_t *const *words, const uint32_t *seen, int n, int
         at = (struct timespec){ (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
         tp = &at;
     }
-    long r = syscall(SYS_futex_waitv, w, (unsigned)n, 0u, tp, CLOCK_MONOTONIC);
+    long r = rs_syscall(SYS_futex_waitv, w, (unsigned)n, 0u, tp, CLOCK_MONOTONIC);
     if (r >= 0 || errno == EAGAIN) return 1;
     if (errno == ETIMEDOUT) return 0;
     return -errno;
@@ -324,5 +324,5 @@ int rs_words_wait(const uint32_t *const *words, const uint32_t *seen, int n, int
 void rs_word_raise(uint32_t *word)
 {
     __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    rs_syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }

@@ -6,9 +6,9 @@ opens its own connection and exercises one group of calls: blocking and nonblock
 connect (POLLOUT + SO_ERROR), accept/accept4 flags, socket(SOCK_NONBLOCK), read/write,
 readv/writev, send/recv with MSG_PEEK/WAITALL/DONTWAIT/NOSIGNAL, SIGPIPE, sendto/recvfrom,
 sendmsg/recvmsg, sendfile, FIONREAD, fcntl (F_GETFL/F_SETFL, F_DUPFD[_CLOEXEC]), dup/dup2/
-dup3, shutdown(SHUT_WR) both ways, close, poll/ppoll/select/pselect, epoll (LT, EPOLLET,
-EPOLLONESHOT, EPOLLRDHUP, EPOLLOUT on a full ring), fork, exec and the fortified __*_chk
-entry points.  The program prints "ok NAME" / "FAIL NAME detail" per check.
+dup3, shutdown(SHUT_WR) both ways, close (also by syscall(SYS_close) and close_range, with
+the number then reused), poll/ppoll/select/pselect, epoll (LT, EPOLLET, EPOLLONESHOT,
+EPOLLRDHUP, EPOLLOUT on a full ring), fork, exec and the fortified __*_chk entry points.  The program prints "ok NAME" / "FAIL NAME detail" per check.
 
 Scenarios (one program run each, both sides under `python -m rdmasock run` or not):
   both         server and client preloaded: every check on upgraded (shm) connections, and
@@ -75,6 +75,7 @@ CHECKS = {
         dup_data_original dup fcntl_dupfd fcntl_dupfd_cloexec dup2 dup3 close_original_keeps_conn
         close_dups_keeps_conn dup2_same_fd close_last_dup
         read_via_dup_after_fd_reuse write_via_dup_after_fd_reuse closed_fd_number_untouched
+        rawclose_syscall_close_write rawclose_syscall_close_read rawclose_syscall_close rawclose_syscall_close_next_read rawclose_syscall_close_next_write rawclose_syscall_close_next_eof rawclose_close_range_write rawclose_close_range_read rawclose_close_range rawclose_close_range_next_read rawclose_close_range_next_write rawclose_close_range_next_eof rawclose_syscall_close_range_write rawclose_syscall_close_range_read rawclose_syscall_close_range rawclose_syscall_close_range_next_read rawclose_syscall_close_range_next_write rawclose_syscall_close_range_next_eof
         half_close_eof_s poll_rdhup_half_close_s eof_sticky_s write_after_peer_shut_wr_s
         shutdown_wr_s send_after_shut_wr_epipe_s half_close_other_dir_s eof_after_peer_close_s
         poll_idle poll_readable_after_delay poll_idle_after_read poll_writable
@@ -113,6 +114,7 @@ CHECKS = {
         read_eof_after_peer_close send_epipe_prompt send_nosignal_epipe write_epipe_sigpipe send_epipe_sigpipe
         sendfile_offset sendfile_null_offset
         dup_data_c eof_after_last_dup_closed read_after_peer_fd_reuse
+        rawclose_syscall_close_peer_read rawclose_syscall_close_peer_eof rawclose_syscall_close_next_peer_read rawclose_close_range_peer_read rawclose_close_range_peer_eof rawclose_close_range_next_peer_read rawclose_syscall_close_range_peer_read rawclose_syscall_close_range_peer_eof rawclose_syscall_close_range_next_peer_read
         shutdown_wr_c send_after_shut_wr_epipe_c half_close_other_dir_c eof_after_peer_close_c
         half_close_eof_c poll_rdhup_half_close_c eof_sticky_c write_after_peer_shut_wr_c
         fork_conn_after_parent_close fork_no_eof_while_child_open fork_eof_after_child_close

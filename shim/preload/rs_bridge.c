@@ -188,7 +188,7 @@ static int name_close_in_child(int handle)
     pthread_mutex_lock(&names_lock);
     for (int i = 0; i < MAX_NAMES && !done; i++)
         if (names[i].handle == handle && !names[i].closed) {
-            syscall(SYS_close, names[i].fd);
+            rs_syscall(SYS_close, names[i].fd);
             names[i].closed = 1;
             __atomic_store_n(&names_closed, 1, __ATOMIC_RELEASE);
             done = 1;
@@ -351,15 +351,15 @@ void rs_log_connection(int fd, const char *role, const char *what)
     struct sockaddr_storage l, p;
     socklen_t ll = sizeof l, pl = sizeof p;
     char local[NI_MAXHOST + 16] = "-", peer[NI_MAXHOST + 16] = "-", text[2 * NI_MAXHOST + 256];
-    if (syscall(SYS_getsockname, fd, &l, &ll) == 0) addr_text(&l, ll, local, sizeof local);
-    if (syscall(SYS_getpeername, fd, &p, &pl) == 0) addr_text(&p, pl, peer, sizeof peer);
+    if (rs_syscall(SYS_getsockname, fd, &l, &ll) == 0) addr_text(&l, ll, local, sizeof local);
+    if (rs_syscall(SYS_getpeername, fd, &p, &pl) == 0) addr_text(&p, pl, peer, sizeof peer);
     snprintf(text, sizeof text, "role=%s local=%s peer=%s %s", role, local, peer, what);
     rs_log_direct(text);
 }
 
 static void host_answer_done(int handle, int fd, const struct rs_answer *a)
 {
-    if (a->engine_fd >= 0) syscall(SYS_close, a->engine_fd);
+    if (a->engine_fd >= 0) rs_syscall(SYS_close, a->engine_fd);
     if (fd >= 0 && a->log_level >= 2)      /* info: the line engine.py writes for each connection */
         rs_log_connection(fd, "server", "transport=shm");
     if (fd >= 0 && a->bells_err && a->log_level >= 3) {      /* debug, as upgrade.py says it */
@@ -376,7 +376,7 @@ static void host_answer_done(int handle, int fd, const struct rs_answer *a)
 static int host_accept_late(int fd)
 {
     if (!rs_engine_ready()) return 0;
-    int dup = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+    int dup = (int)rs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
     if (dup < 0) return 0;
     int r = 0;
     CALL(r = eng.accept_late(dup));

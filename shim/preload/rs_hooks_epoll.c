@@ -200,27 +200,39 @@ static void drop_member(struct ep_set *s, int fd)
 
 int rs_ep_is_set(int fd) { return rs_fdmap_get(&sets, fd) != NULL; }
 
-struct forget_arg { int fd; };
+struct closed_range { unsigned first, last; };
+static int in_range(int fd, const struct closed_range *r) { return (unsigned)fd >= r->first && (unsigned)fd <= r->last; }
+
 static void forget_in(int epfd, void *p, void *arg)
 {
     (void)p;
+    const struct closed_range *r = arg;
     struct ep_set *s = set_get(epfd);
     if (!s) return;
     pthread_mutex_lock(&s->lock);
-    drop_member(s, ((struct forget_arg *)arg)->fd);
+    if (r->first == r->last) {
+        drop_member(s, (int)r->first);
+    } else {
+        for (int i = s->n - 1; i >= 0; i--)         /* drop_member moves the last one to i */
+            if (in_range(s->m[i].fd, r)) drop_member(s, s->m[i].fd);
+    }
     pthread_mutex_unlock(&s->lock);
     set_put(s);
+    if (in_range(epfd, r)) {                        /* the epoll instance itself is closed */
+        struct ep_set *was = rs_fdmap_swap(&sets, epfd, NULL);
+        if (was && was != RS_FDMAP_FAIL) set_put(was);
+    }
 }
 
-/* fd was closed: the kernel dropped its registrations, so do we (its number may be reused
- * by a socket the application registers with other data). */
-void rs_ep_forget(int fd)
+/* The descriptors first..last were closed: the kernel dropped their registrations, so do
+ * we (their numbers may be reused by sockets the application registers with other data). */
+void rs_ep_forget_range(unsigned first, unsigned last)
 {
-    struct forget_arg a = { fd };
-    rs_fdmap_each(&sets, forget_in, &a);
-    struct ep_set *s = rs_fdmap_get(&sets, fd) ? rs_fdmap_swap(&sets, fd, NULL) : NULL;
-    if (s && s != RS_FDMAP_FAIL) set_put(s);        /* fd was itself an epoll instance */
+    struct closed_range r = { first, last };
+    rs_fdmap_each(&sets, forget_in, &r);
 }
+
+void rs_ep_forget(int fd) { rs_ep_forget_range((unsigned)fd, (unsigned)fd); }
 
 static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
 {
@@ -291,6 +303,18 @@ void rs_ep_fd_fresh(int fd)
         e->n = 0;
         pthread_mutex_unlock(&early_lock);
     }
+}
+
+static void fresh_in(int fd, void *p, void *arg)
+{
+    (void)p;
+    if (in_range(fd, arg)) rs_ep_fd_fresh(fd);
+}
+
+void rs_ep_fresh_range(unsigned first, unsigned last)
+{
+    struct closed_range r = { first, last };
+    rs_fdmap_each(&early, fresh_in, &r);
 }
 
 /* fd just became tracked: take over its earlier registration.  Returns 1 if every epoll

@@ -30,19 +30,19 @@ static int is_inet_stream(int fd)
  * by its pid, which only a real fork's handler brings up to date. */
 static pid_t our_pid;
 
-int rs_memory_shared_child(void) { return (pid_t)syscall(SYS_getpid) != __atomic_load_n(&our_pid, __ATOMIC_RELAXED); }
+int rs_memory_shared_child(void) { return (pid_t)rs_syscall(SYS_getpid) != __atomic_load_n(&our_pid, __ATOMIC_RELAXED); }
 
 static void fork_prepare(void) { rs_sock_mark_all_forked(); }
 static void fork_child(void)
 {
-    __atomic_store_n(&our_pid, (pid_t)syscall(SYS_getpid), __ATOMIC_RELAXED);
+    __atomic_store_n(&our_pid, (pid_t)rs_syscall(SYS_getpid), __ATOMIC_RELAXED);
     rs_stats_after_fork(); rs_socks_after_fork_child(); rs_ep_after_fork_child();
 }
 
 __attribute__((constructor)) static void hooks_init(void)
 {
     rs_real_init();
-    __atomic_store_n(&our_pid, (pid_t)syscall(SYS_getpid), __ATOMIC_RELAXED);
+    __atomic_store_n(&our_pid, (pid_t)rs_syscall(SYS_getpid), __ATOMIC_RELAXED);
     pthread_atfork(fork_prepare, NULL, fork_child);
 }
 
@@ -69,7 +69,7 @@ __attribute__((destructor)) static void hooks_at_exit(void) { end_streams(); }
 RS_EXPORT void _exit(int status)
 {
     end_streams();
-    for (;;) syscall(SYS_exit_group, status);
+    for (;;) rs_syscall(SYS_exit_group, status);
 }
 
 RS_EXPORT void _Exit(int status) __attribute__((alias("_exit")));
@@ -193,7 +193,7 @@ static int plan_from_listener(int lfd, int fd, struct rs_answer *a)
 void rs_adopt_accepted(int lfd, int fd)
 {
     rs_ep_fd_fresh(fd);
-    rs_untrack(fd);                                  /* a reused number: forget it */
+    rs_forget_reused(fd);                            /* closed where we did not see it */
     struct rs_answer *answer = rs_answer_new();
     int plan = answer ? plan_from_listener(lfd, fd, answer) : RS_PLAN_ASK;
     int handle = plan == RS_PLAN_ASK ? rs_br_accept(lfd, fd, answer) : plan == RS_PLAN_PLAIN ? -RS_REASON_PEER_NOT_RDMASOCK : 0;
@@ -212,7 +212,7 @@ void rs_adopt_accepted(int lfd, int fd)
     } else if (handle < 0) {
         track_plain(fd, RS_ROLE_SERVER, -handle);
     }
-    if (answer && answer->link_fd >= 0) syscall(SYS_close, answer->link_fd);
+    if (answer && answer->link_fd >= 0) rs_syscall(SYS_close, answer->link_fd);
     free(answer);
 }
 
@@ -228,15 +228,89 @@ RS_EXPORT int accept4(int lfd, struct sockaddr *sa, socklen_t *len, int flags)
     return after_accept(lfd, rs_real.accept4(lfd, sa, len, flags));
 }
 
+/* fd is about to be closed: the application's hold of its socket ends (the last one
+ * writes the FIN record while the number is still the socket), and epoll bookkeeping
+ * forgets the number.  Not in a child that shares our memory (vfork): it would change
+ * the parent's state. */
+static void before_close(int fd)
+{
+    int tracked = rs_is_tracked(fd);
+    if ((tracked || rs_ep_is_set(fd)) && rs_memory_shared_child()) return;
+    if (tracked) rs_untrack(fd);
+    if (tracked || rs_ep_is_set(fd)) rs_ep_forget(fd);
+    rs_ep_fd_fresh(fd);
+}
+
 RS_EXPORT int close(int fd)
 {
     if (!rs_real.read) rs_real_init();
-    int tracked = rs_is_tracked(fd);
-    if ((tracked || rs_ep_is_set(fd)) && rs_memory_shared_child()) return rs_real.close(fd);
-    if (tracked) rs_untrack(fd);                    /* a last close sends the FIN record now */
-    if (tracked || rs_ep_is_set(fd)) rs_ep_forget(fd);
-    rs_ep_fd_fresh(fd);
+    before_close(fd);
     return rs_real.close(fd);
+}
+
+/* close_range(2): before_close for every number in the range we know of.  With
+ * CLOSE_RANGE_CLOEXEC nothing closes now (exec does, rs_hooks_exec.c); CLOSE_RANGE_UNSHARE
+ * is taken as a close (a child about to exec is its use). */
+static int before_close_range(unsigned first, unsigned last, int flags)
+{
+    if (first > last || (flags & ~(CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE))) return -EINVAL;
+    if (!(flags & CLOSE_RANGE_CLOEXEC) && !rs_memory_shared_child()) {
+        rs_untrack_range(first, last);
+        rs_ep_forget_range(first, last);
+        rs_ep_fresh_range(first, last);
+    }
+    return 0;
+}
+
+RS_EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+    if (!rs_real.read) rs_real_init();
+    int e = before_close_range(first, last, flags);
+    if (e) { errno = -e; return -1; }
+    return (int)rs_syscall(SYS_close_range, first, last, flags);
+}
+
+RS_EXPORT void closefrom(int lowfd)
+{
+    if (!rs_real.read) rs_real_init();
+    if (lowfd < 0) lowfd = 0;
+    before_close_range((unsigned)lowfd, ~0u, 0);
+    if (rs_real.closefrom) rs_real.closefrom(lowfd);
+    else rs_syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0);
+}
+
+/* syscall(2) with a number that changes the descriptor table goes where the libc call
+ * would (libuv closes every descriptor with syscall(SYS_close, fd)); the rest to the
+ * kernel.  Only these: the others' libc functions differ from their system calls in
+ * arguments and restart rules. */
+__attribute__((no_sanitize_address))      /* like libc's, it takes six arguments whatever was passed */
+RS_EXPORT long syscall(long n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (!rs_real.read) rs_real_init();
+    switch (n) {
+    case SYS_close:
+        before_close((int)a);
+        break;
+    case SYS_close_range: {
+        int err = before_close_range((unsigned)a, (unsigned)b, (int)c);
+        if (err) { errno = -err; return -1; }
+        break;
+    }
+    case SYS_dup:
+        return dup((int)a);
+#ifdef SYS_dup2
+    case SYS_dup2:
+        return dup2((int)a, (int)b);
+#endif
+    case SYS_dup3:
+        return dup3((int)a, (int)b, (int)c);
+    }
+    return rs_syscall6(n, a, b, c, d, e, f);
 }
 
 RS_EXPORT int shutdown(int fd, int how)
@@ -258,7 +332,7 @@ static int share(int oldfd, int newfd)
     if (newfd >= 0) {
         rs_ep_fd_fresh(newfd);                  /* a new file behind that number */
         if (rs_is_tracked(oldfd)) rs_share(oldfd, newfd);
-        else if (rs_is_tracked(newfd)) rs_untrack(newfd);
+        else rs_forget_reused(newfd);           /* closed where we did not see it */
     }
     return newfd;
 }

@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 #include "../rs_conn.h"
 #include "../rs_sock.h"
+#include "../rs_sys.h"
 
 #define RS_EXPORT __attribute__((visibility("default")))
 
@@ -79,6 +80,7 @@ struct rs_real {
     int (*epoll_wait)(int, struct epoll_event *, int, int);
     int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
     int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
+    void (*closefrom)(int);                  /* glibc 2.34+; NULL before */
     int (*epoll_ctl)(int, int, int, struct epoll_event *);
     int (*execve)(const char *, char *const[], char *const[]);
     int (*execveat)(int, const char *, char *const[], char *const[], int);
@@ -100,6 +102,8 @@ struct rs_sock *rs_sock_of(int fd);         /* with a call reference (rs_sock_pu
 int  rs_is_tracked(int fd);
 struct rs_sock *rs_track(int fd, int state);    /* a new socket at fd, with a call reference */
 void rs_untrack(int fd);                    /* fd is closed (or replaced) */
+void rs_untrack_range(unsigned first, unsigned last);     /* close_range */
+void rs_forget_reused(int fd);              /* fd was closed unseen and is now another file */
 void rs_share(int oldfd, int newfd);        /* newfd refers to oldfd's socket now */
 void rs_socks_after_fork_child(void);
 void rs_socks_each(void (*fn)(int fd, struct rs_sock *s, void *arg), void *arg);
@@ -150,8 +154,10 @@ int   rs_ts_ms(const struct timespec *ts);
 
 /* ---- rs_hooks_epoll.c ------------------------------------------------------------- */
 void rs_ep_forget(int fd);
+void rs_ep_forget_range(unsigned first, unsigned last);
 int  rs_ep_is_set(int fd);
 void rs_ep_fd_fresh(int fd);
+void rs_ep_fresh_range(unsigned first, unsigned last);
 int  rs_ep_adopt(int fd);
 void rs_ep_after_fork_child(void);
 

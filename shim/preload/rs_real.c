@@ -16,6 +16,7 @@ __attribute__((constructor)) void rs_real_init(void)
     R(readv); R(writev); R(send); R(recv); R(sendto); R(recvfrom); R(sendmsg); R(recvmsg);
     R(sendfile); R(splice); R(sendmmsg); R(recvmmsg); R(preadv2); R(pwritev2); R(poll); R(ppoll); R(select); R(pselect); R(epoll_wait); R(epoll_pwait);
     R(epoll_pwait2);                  /* glibc 2.35+; NULL before */
+    R(closefrom);                     /* glibc 2.34+; NULL before */
     R(epoll_ctl); R(write);
     R(execve); R(execveat); R(fexecve); R(execvpe);   /* execv, execvp, execl*: through these */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);

@@ -24,12 +24,16 @@ struct rs_sock *rs_sock_of(int fd)
 
 int rs_is_tracked(int fd) { return rs_fdmap_get(&socks, fd) != NULL; }
 
-/* Ends the application's hold of fd's socket (fd is being closed or replaced). */
-static void drop(int fd, struct rs_sock *old)
+/* Ends the application's hold of fd's socket.  `open`: fd is still that socket (it is
+ * being closed or replaced next, and a last hold may end the stream through it); else the
+ * number was closed where no hook of ours saw it, and may already be another file's,
+ * which nothing of ours may read or write. */
+static void drop(int fd, struct rs_sock *old, int open)
 {
     if (old && old != RS_FDMAP_FAIL) {
         __atomic_sub_fetch(&rs_ntracked, 1, __ATOMIC_RELAXED);
-        rs_sock_release_fd(old, fd);
+        if (open) rs_sock_release_fd(old, fd);
+        else rs_sock_abandon_fd(old, fd);
     }
 }
 
@@ -43,27 +47,47 @@ struct rs_sock *rs_track(int fd, int state)
         return NULL;
     }
     __atomic_add_fetch(&rs_ntracked, 1, __ATOMIC_RELAXED);
-    drop(fd, old);                                     /* a number reused without our close */
+    drop(fd, old, 0);                                  /* a number reused without our close */
     return rs_sock_ref(s);
 }
 
 void rs_untrack(int fd)
 {
     if (!rs_fdmap_get(&socks, fd)) return;
-    drop(fd, rs_fdmap_swap(&socks, fd, NULL));
+    drop(fd, rs_fdmap_swap(&socks, fd, NULL), 1);
+}
+
+void rs_forget_reused(int fd)
+{
+    if (!rs_fdmap_get(&socks, fd)) return;
+    drop(fd, rs_fdmap_swap(&socks, fd, NULL), 0);
+}
+
+struct closed_range { unsigned first, last; };
+static void untrack_in(int fd, void *p, void *arg)
+{
+    (void)p;
+    const struct closed_range *r = arg;
+    if ((unsigned)fd >= r->first && (unsigned)fd <= r->last) rs_untrack(fd);
+}
+
+void rs_untrack_range(unsigned first, unsigned last)
+{
+    struct closed_range r = { first, last };
+    rs_fdmap_each(&socks, untrack_in, &r);
 }
 
 void rs_share(int oldfd, int newfd)
 {
     struct rs_sock *s = rs_sock_of(oldfd);
-    if (!s) { rs_untrack(newfd); return; }
+    if (!s) { rs_forget_reused(newfd); return; }
     rs_sock_hold(s, newfd);
     struct rs_sock *old = rs_fdmap_swap(&socks, newfd, s);
     if (old == RS_FDMAP_FAIL) {
         rs_sock_release_fd(s, newfd);
     } else {
         __atomic_add_fetch(&rs_ntracked, 1, __ATOMIC_RELAXED);
-        drop(newfd, old);
+        drop(newfd, old, 0);                          /* a number reused without our close */
     }
     rs_sock_put(s);
 }

@@ -42,6 +42,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -1161,6 +1162,72 @@ static void fdreuse_client(void)
     ctl_send("got", (unsigned long long)dt);
     ctl_need("done", NULL);
     close(fd);
+}
+
+/* ---- rawclose: an upgraded socket closed where libc's close() is not called (libuv
+ * closes with syscall(SYS_close, fd); close_range), then the next accepted connection
+ * takes its number: the first one's peer reads all it was sent and then EOF, and the new
+ * connection (whose client writes before the server has looked at it) keeps its bytes */
+#define RAWCLOSE_N 100000
+static const char *rawclose_how[3] = { "syscall_close", "close_range", "syscall_close_range" };
+
+static int raw_close(int how, int fd)
+{
+    if (how == 0) return (int)syscall(SYS_close, fd);
+    if (how == 1) return close_range((unsigned)fd, (unsigned)fd, 0);
+    return (int)syscall(SYS_close_range, fd, fd, 0);
+}
+
+static void rawclose_server(void)
+{
+    for (int how = 0; how < 3; how++) {
+        char name[64], why[256] = "";
+        int fd = server_accept_warm();
+        if (fd < 0) return;
+        snprintf(name, sizeof name, "rawclose_%s_write", rawclose_how[how]);
+        CHECK(name, send_pat(fd, 180 + how, 0, RAWCLOSE_N), "errno=%d", errno);
+        snprintf(name, sizeof name, "rawclose_%s_read", rawclose_how[how]);
+        CHECK(name, recv_pat(fd, 183 + how, 0, 64, why, sizeof why), "%s", why);
+        snprintf(name, sizeof name, "rawclose_%s", rawclose_how[how]);
+        int r = raw_close(how, fd);
+        CHECK(name, r == 0, "returned %d errno=%d (%s)", r, errno, strerror(errno));
+        int fd2 = server_accept_warm();
+        if (fd2 < 0) return;
+        if (fd2 != fd) info("the next connection got number %d, not %d: reuse not tested", fd2, fd);
+        snprintf(name, sizeof name, "rawclose_%s_next_read", rawclose_how[how]);
+        CHECK(name, recv_pat(fd2, 186 + how, 0, RAWCLOSE_N, why, sizeof why), "connection at reused number %d: %s",
+              fd2, why);
+        snprintf(name, sizeof name, "rawclose_%s_next_write", rawclose_how[how]);
+        CHECK(name, send_pat(fd2, 189 + how, 0, RAWCLOSE_N), "errno=%d", errno);
+        char c;
+        ssize_t e = read(fd2, &c, 1);
+        snprintf(name, sizeof name, "rawclose_%s_next_eof", rawclose_how[how]);
+        CHECK(name, e == 0, "read returned %zd errno=%d (%s)", e, errno, strerror(errno));
+        close(fd2);
+    }
+}
+
+static void rawclose_client(void)
+{
+    for (int how = 0; how < 3; how++) {
+        char name[64], why[256] = "";
+        int fd = client_connect_warm();
+        if (fd < 0) return;
+        snprintf(name, sizeof name, "rawclose_%s_peer_read", rawclose_how[how]);
+        CHECK(name, recv_pat(fd, 180 + how, 0, RAWCLOSE_N, why, sizeof why), "%s", why);
+        send_pat(fd, 183 + how, 0, 64);
+        char c;
+        ssize_t e = read(fd, &c, 1);
+        snprintf(name, sizeof name, "rawclose_%s_peer_eof", rawclose_how[how]);
+        CHECK(name, e == 0, "read returned %zd errno=%d (%s)", e, errno, strerror(errno));
+        close(fd);
+        int fd2 = client_connect_warm();
+        if (fd2 < 0) return;
+        send_pat(fd2, 186 + how, 0, RAWCLOSE_N);
+        snprintf(name, sizeof name, "rawclose_%s_next_peer_read", rawclose_how[how]);
+        CHECK(name, recv_pat(fd2, 189 + how, 0, RAWCLOSE_N, why, sizeof why), "%s", why);
+        close(fd2);
+    }
 }
 
 /* ---- shutdown(SHUT_WR), both directions ------------------------------------------- */
@@ -2966,6 +3033,7 @@ static const struct test tests[] = {
     { "sendfile", sendfile_server, sendfile_client },
     { "dup", dup_server, dup_client },
     { "fdreuse", fdreuse_server, fdreuse_client },
+    { "rawclose", rawclose_server, rawclose_client },
     { "shut_c", shut_c_server, shut_c_client },
     { "shut_s", shut_s_server, shut_s_client },
     { "pollfam", pollfam_server, pollfam_client },

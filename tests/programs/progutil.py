@@ -16,6 +16,8 @@ from rdmasock.reasons import MID_STREAM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ECHO_PROG = os.path.join(HERE, "echo_prog.py")
+NODE = "/usr/bin/node"
+NODE_PROG = os.path.join(HERE, "node_echo.js")
 LOG_WAIT = 8.0            # seconds to wait for the log to show every connection's outcome
 
 PAIRINGS = {            # id -> (client preloaded, server preloaded)
@@ -37,6 +39,8 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
         return S.HttpServer(http_dir_fn()["dir"], preload=preload, log_file=log_file)
     if kind == "echo":
         return S.ProgramServer([S.SYS_PY, "-u", ECHO_PROG, "server"], preload=preload, log_file=log_file)
+    if kind == "node":
+        return S.ProgramServer([NODE, NODE_PROG, "server"], preload=preload, log_file=log_file)
     raise ValueError(kind)
 
 
