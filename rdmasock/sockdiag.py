@@ -46,6 +46,11 @@ def _raw(ip):
     return socket.AF_INET6, a.packed
 
 
+def _mapped(raw4):
+    """The IPv4-mapped IPv6 form of _raw's IPv4 bytes: an AF_INET6 socket's view of them."""
+    return b"\0" * 10 + b"\xff\xff" + raw4[:4]
+
+
 def _dump_request(family, states):
     body = (REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0, states) + SOCKID.pack(0, 0, b"\0" * 16, b"\0" * 16)
             + REQ_TAIL.pack(0, NOCOOKIE, NOCOOKIE))
@@ -135,6 +140,14 @@ def connection_owner(local, remote):
     for state, sport, dport, s, d, uid, _inode in rows:
         if sport == local[1] and dport == remote[1] and s == src and d == dst:
             return uid
+    if fam == socket.AF_INET:                 # an AF_INET6 socket with IPv4-mapped addresses
+        try:
+            rows = _proc_rows(socket.AF_INET6)
+        except OSError:                        # no IPv6 in this kernel
+            rows = []
+        for state, sport, dport, s, d, uid, _inode in rows:
+            if sport == local[1] and dport == remote[1] and s == _mapped(src) and d == _mapped(dst):
+                return uid
     return None
 
 
@@ -142,7 +155,8 @@ def listener_owners(ip, port):
     """uids of the TCP listeners that accept connections to (ip, port): bound to that
     address or to the wildcard of a family that reaches it."""
     fam, raw = _raw(ip)
-    families = [fam] + ([socket.AF_INET6] if fam == socket.AF_INET else [])   # a dual-stack :: listener
+    # a dual-stack :: listener, or one of family AF_INET6 bound to the IPv4-mapped address
+    families = [fam] + ([socket.AF_INET6] if fam == socket.AF_INET else [])
     uids = set()
     for f in families:
         try:
@@ -154,7 +168,7 @@ def listener_owners(ip, port):
         for state, sport, _dport, src, _dst, uid, _inode in rows:
             if sport != port:
                 continue
-            if src == (raw if f == fam else b"\0" * 16) or src == b"\0" * 16:
+            if src == (raw if f == fam else _mapped(raw)) or src == b"\0" * 16:
                 uids.add(uid)
     return uids
 

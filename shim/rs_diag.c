@@ -79,7 +79,7 @@ int rs_diag_unix_scan(const uint8_t *buf, size_t len, const uint8_t *names, cons
     return 0;
 }
 
-int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const uint8_t dst[16], uint16_t dport)
+static int owner_in(int family, const uint8_t src[16], uint16_t sport, const uint8_t dst[16], uint16_t dport)
 {
     size_t alen = family == AF_INET ? 4 : family == AF_INET6 ? 16 : 0;
     if (!alen) return -EAFNOSUPPORT;
@@ -128,4 +128,24 @@ int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const u
     }
     rs_syscall(SYS_close, nl);
     return r;
+}
+
+/* An IPv4 connection may belong to an AF_INET6 socket (IPv4-mapped addresses, as Java
+ * and other dual-stack programs make them): the kernel lists that one among the IPv6
+ * sockets, with ::ffff:a.b.c.d addresses. */
+static void v4_mapped(uint8_t out[16], const uint8_t v4[16])
+{
+    memset(out, 0, 10);
+    out[10] = out[11] = 0xff;
+    memcpy(out + 12, v4, 4);
+}
+
+int rs_diag_tcp_owner(int family, const uint8_t src[16], uint16_t sport, const uint8_t dst[16], uint16_t dport)
+{
+    int r = owner_in(family, src, sport, dst, dport);
+    if (family != AF_INET || r != -ENOENT) return r;
+    uint8_t msrc[16], mdst[16];
+    v4_mapped(msrc, src);
+    v4_mapped(mdst, dst);
+    return owner_in(AF_INET6, msrc, sport, mdst, dport);
 }

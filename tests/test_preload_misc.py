@@ -345,3 +345,51 @@ def test_upgraded_connection_at_the_highest_descriptor(tmp_path):
     assert r.stdout.split() == ["ok", str(hard - 1), "True", "True"], r.stdout
     lines = open(log).read().splitlines()
     assert sum("transport=shm" in line for line in lines) == 2 and "transport=tcp" not in " ".join(lines), lines
+
+
+MAPPED_PAIR = r"""
+import hashlib, socket, sys
+fam = {"4": socket.AF_INET, "6": socket.AF_INET6}
+host = {"4": "127.0.0.1", "6": "::ffff:127.0.0.1"}
+if sys.argv[1] == "server":
+    ls = socket.socket(fam[sys.argv[2]])
+    ls.bind((host[sys.argv[2]], 0))
+    ls.listen(8)
+    print("port", ls.getsockname()[1], flush=True)
+    c, _ = ls.accept()
+    data = b""
+    while len(data) < 300000:
+        data += c.recv(65536)
+    c.sendall(hashlib.sha256(data).digest())
+    c.close()
+else:
+    s = socket.socket(fam[sys.argv[3]])
+    s.connect((host[sys.argv[3]], int(sys.argv[2])))
+    data = bytes(range(256)) * 1172 + b"x" * 68
+    s.sendall(data)
+    print(s.recv(64) == hashlib.sha256(data).digest(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("server,client", [("6", "6"), ("6", "4"), ("4", "6")])
+def test_ipv4_mapped_sockets_of_family_inet6_upgrade(tmp_path, server, client):
+    """Sockets of family AF_INET6 on IPv4-mapped addresses (Java's ServerSocket and
+    SocketChannel, dual-stack programs) carry an IPv4 connection, which the kernel lists
+    among its IPv6 sockets: the rendezvous still finds the listener's and the client's
+    owners, and the connection upgrades with either end of either family (both fell back
+    to TCP with peer_unverified / peer_not_rdmasock before)."""
+    prog = tmp_path / "mapped.py"
+    prog.write_text(MAPPED_PAIR)
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", server], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, client], capture_output=True, env=_env(log),
+                           timeout=60)
+        assert r.stdout == b"True\n" and not r.stderr, (r.stdout, r.stderr)
+        srv.wait(30)
+    finally:
+        _stop(srv)
+    lines = [l for l in open(log).read().splitlines() if "role=" in l]
+    assert sorted(l.split("role=")[1].split()[0] for l in lines) == ["client", "server"], lines
+    assert all("transport=shm" in l for l in lines), lines

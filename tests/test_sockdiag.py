@@ -118,9 +118,12 @@ def _pair(family, host):
 def test_connection_owner_exact_lookup_and_fallback(monkeypatch):
     """The owner of one TCP connection (shim/rs_diag.c's exact lookup, which the C server
     side uses too): IPv4, IPv6 and IPv4-mapped ends, none for a connection that does not
-    exist, and the same answers from /proc/net/tcp when netlink cannot say."""
+    exist, and the same answers from /proc/net/tcp when netlink cannot say.  The third pair
+    is of AF_INET6 sockets with IPv4-mapped addresses (Java's, dual-stack programs'): the
+    kernel lists them among the IPv6 sockets, yet they are the IPv4 connection's."""
     import rdmasock._native as native
-    pairs = [_pair(socket.AF_INET, "127.0.0.1"), _pair(socket.AF_INET6, "::1")]
+    pairs = [_pair(socket.AF_INET, "127.0.0.1"), _pair(socket.AF_INET6, "::1"),
+             _pair(socket.AF_INET6, "::ffff:127.0.0.1")]
     try:
         def answers():
             out = []
@@ -135,15 +138,31 @@ def test_connection_owner_exact_lookup_and_fallback(monkeypatch):
             out.append(sockdiag.connection_owner(("127.0.0.1", 1), ("::1", 2)))  # families differ
             return out
         me = os.geteuid()
-        assert answers() == [me] * 5 + [None, None]
+        assert answers() == [me] * 7 + [None, None]
 
         class NoNetlink:
             @staticmethod
             def rs_diag_tcp_owner(*args):
                 return -errno.EPROTONOSUPPORT
         monkeypatch.setattr(native, "lib", NoNetlink)
-        assert answers() == [me] * 5 + [None, None]
+        assert answers() == [me] * 7 + [None, None]
     finally:
         for p in pairs:
             for s in p:
                 s.close()
+
+
+def test_listener_of_family_inet6_on_an_ipv4_mapped_address():
+    """A listener of family AF_INET6 bound to ::ffff:127.0.0.1 (Java's ServerSocket) takes
+    connections to 127.0.0.1: its owner is the listener's for (127.0.0.1, port), so a
+    client looking it up before connecting finds it."""
+    srv = socket.socket(socket.AF_INET6)
+    try:
+        srv.bind(("::ffff:127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        assert sockdiag.listener_owners("127.0.0.1", port) == {os.geteuid()}
+        assert sockdiag.listener_owners("::ffff:127.0.0.1", port) == {os.geteuid()}
+        assert sockdiag.listener_owners("127.0.0.2", port) == set()
+    finally:
+        srv.close()
