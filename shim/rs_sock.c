@@ -17,6 +17,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 #include <linux/net_tstamp.h>
+#include "rs_contract.h"
 #include "rs_sock.h"
 #include "rs_answer.h"
 #include "rs_sys.h"
@@ -391,8 +392,48 @@ static void drop_hold(struct rs_sock *s, int fd, int fd_open)
 void rs_sock_release_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 1); }
 void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
 
+/* A client connection still in its handshake when its process forks would have the
+ * server's answer taken by whichever of the two processes calls first: the other would
+ * read the server's next bytes as a broken answer and send its data where the server
+ * does not read it (a client that forks a writer right after connect, the parent
+ * reading: the stream arrived garbled).  So fork first waits for the answer, as the first
+ * read would have (at most the handshake timeout, for all of them together), and sends a
+ * SWITCH still due: the child inherits settled sockets.  A server's socket is left as it
+ * is: a forking server's parent closes it without a look, and its child answers. */
+static void settle_clients_before_fork(void)
+{
+    struct rs_sock **todo = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&pool_lock);                /* a reference first: then nothing frees it */
+    for (struct rs_sock *s = all_socks; s; s = s->all_next) {
+        int st = rs_sock_state(s);
+        if ((st != RS_CLIENT_HS && (st != RS_RING || s->role != RS_ROLE_CLIENT)) ||
+            __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE))
+            continue;
+        if (n == cap) {
+            struct rs_sock **more = realloc(todo, (cap = cap ? 2 * cap : 8) * sizeof *more);
+            if (!more) break;
+            todo = more;
+        }
+        if (rs_sock_try_get(s)) todo[n++] = s;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    double secs = strtod(rs_config_get(RS_CFG_HANDSHAKE_TIMEOUT), NULL);
+    if (!(secs > 0)) secs = 0;
+    if (secs > 3600) secs = 3600;
+    uint64_t deadline = rs_now_ns() + (uint64_t)(secs * 1e9);
+    for (size_t i = 0; i < n; i++) {
+        struct rs_sock *s = todo[i];
+        if (rs_sock_state(s) == RS_CLIENT_HS) rs_sock_step(s, rs_ms_until(deadline));
+        if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
+        rs_sock_put(s);                             /* outside pool_lock: a last put destroys */
+    }
+    free(todo);
+}
+
 void rs_sock_mark_all_forked(void)
 {
+    settle_clients_before_fork();
     pthread_mutex_lock(&pool_lock);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
         if (!__atomic_load_n(&s->refs, __ATOMIC_RELAXED) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;

@@ -393,3 +393,62 @@ def test_ipv4_mapped_sockets_of_family_inet6_upgrade(tmp_path, server, client):
     lines = [l for l in open(log).read().splitlines() if "role=" in l]
     assert sorted(l.split("role=")[1].split()[0] for l in lines) == ["client", "server"], lines
     assert all("transport=shm" in l for l in lines), lines
+
+
+FORKED_WRITER = r"""
+import hashlib, os, socket, sys
+if sys.argv[1] == "server":                       # echoes each connection until EOF, then closes
+    ls = socket.create_server(("127.0.0.1", 0))
+    print("port", ls.getsockname()[1], flush=True)
+    for _ in range(int(sys.argv[2])):
+        c, _ = ls.accept()
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+        c.close()
+else:                                             # forks a writer right after connect, reads in the parent
+    port, n, size = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        data = hashlib.sha256(b"%d" % i).digest() * (size // 32)
+        pid = os.fork()
+        if pid == 0:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            os._exit(0)
+        got = bytearray()
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+        os.waitpid(pid, 0)
+        s.close()
+        print(i, len(got), bytes(got) == data, flush=True)
+"""
+
+
+def test_client_that_forks_a_writer_right_after_connect(tmp_path):
+    """A client forks right after connect, before the handshake's answer has come: the
+    child writes and half-closes, the parent reads the echo (the Perl/C idiom of a writer
+    child).  Both processes would have taken the answer's steps; the loser read the
+    server's bytes as a broken answer (handshake_garbage) and its data never reached the
+    ring: 0 to 600 of 20,000 lines arrived.  fork now waits for the answer first."""
+    prog = tmp_path / "forked_writer.py"
+    prog.write_text(FORKED_WRITER)
+    log = str(tmp_path / "log")
+    n, size = 5, 3 << 20
+    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, str(n), str(size)], capture_output=True,
+                           env=_env(log), timeout=90)
+        assert r.stdout.decode().splitlines() == ["%d %d True" % (i, size // 32 * 32) for i in range(n)], \
+            (r.stdout, r.stderr)
+        srv.wait(30)
+    finally:
+        _stop(srv)
+    lines = [l for l in open(log).read().splitlines() if "role=" in l]
+    assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines
