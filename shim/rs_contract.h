@@ -110,7 +110,8 @@ const char *rs_fd_tag(void);
     X(24, PEER_MOVED, "peer_moved", "the peer moved its direction of the stream to TCP (its log says why): ours followed") \
     X(25, SPLICE, "splice", "the program wrote to the socket with splice(), which the kernel does on the TCP socket: the connection went on over TCP") \
     X(26, TX_TIMESTAMPS, "tx_timestamps", "the program asked for transmit timestamps (SO_TIMESTAMPING), which the kernel makes on the TCP path: the connection went on over TCP") \
-    X(27, EXEC, "exec", "the program ran exec() and the new program inherits the socket: it knows only the kernel socket, so the connection went on over TCP")
+    X(27, EXEC, "exec", "the program ran exec() and the new program inherits the socket: it knows only the kernel socket, so the connection went on over TCP") \
+    X(28, PASSED, "passed", "the program passed the socket to another process (SCM_RIGHTS), which knows only the kernel socket: the connection went on over TCP")
 
 /* Configuration: the environment variables and their defaults (as text; empty: unset).
  * C reads its few through rs_config_get, rdmasock/config.py all of them from this table;

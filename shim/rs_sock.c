@@ -243,14 +243,15 @@ static void holders_after_fork_child(struct rs_sock *s)
  * flight to the peer (spilled bytes, a moved stream).  Only in the last process that
  * holds the socket: another may go on with the connection and reads them.  Left to the
  * kernel by a forked last holder whose ring cursors another holder has moved on since the
- * fork (its end would land on their records), and by a forked transport with objects of
- * the control plane (rdma): its objects are the parent's. */
+ * fork (its end would land on their records), by a forked transport with objects of
+ * the control plane (rdma): its objects are the parent's, and by a socket passed to
+ * another process, which we cannot count. */
 static void end_stream(struct rs_sock *s)
 {
     int st = rs_sock_state(s);
     if ((st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
         return;
-    if (!let_go(s)) return;
+    if (!let_go(s) || s->passed) return;
     if (s->forked && st == RS_RING && (s->conn->ops->host_objects || !rs_tx_tail_is_ours(s->conn))) return;
     /* Its number closed where we did not see it (rs_sock_abandon_fd), a socket has no
      * descriptor left to read off: the kernel's close came first.  The ring still ends. */
@@ -316,7 +317,7 @@ static void destroy(struct rs_sock *s)
     case RS_CLIENT_HS:
         /* The server's answer may arrive after the close and provoke a reset, which would
          * overtake the end of what we sent: our FIN goes first, as TCP's close sends it. */
-        if (!s->forked) rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
+        if (!s->forked && !s->passed) rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
         if (rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;
     case RS_SERVER_HS:
@@ -400,6 +401,22 @@ void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
  * read would have (at most the handshake timeout, for all of them together), and sends a
  * SWITCH still due: the child inherits settled sockets.  A server's socket is left as it
  * is: a forking server's parent closes it without a look, and its child answers. */
+/* Waits (until deadline) for the answer of a client handshake still under way, and sends
+ * a lazy SWITCH still due: from then on either process may be the one that goes on. */
+void rs_sock_finish_client(struct rs_sock *s, uint64_t deadline)
+{
+    if (rs_sock_state(s) == RS_CLIENT_HS) rs_sock_step(s, rs_ms_until(deadline));
+    if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
+}
+
+uint64_t rs_handshake_deadline(void)
+{
+    double secs = strtod(rs_config_get(RS_CFG_HANDSHAKE_TIMEOUT), NULL);
+    if (!(secs > 0)) secs = 0;
+    if (secs > 3600) secs = 3600;
+    return rs_now_ns() + (uint64_t)(secs * 1e9);
+}
+
 static void settle_clients_before_fork(void)
 {
     struct rs_sock **todo = NULL;
@@ -418,15 +435,10 @@ static void settle_clients_before_fork(void)
         if (rs_sock_try_get(s)) todo[n++] = s;
     }
     pthread_mutex_unlock(&pool_lock);
-    double secs = strtod(rs_config_get(RS_CFG_HANDSHAKE_TIMEOUT), NULL);
-    if (!(secs > 0)) secs = 0;
-    if (secs > 3600) secs = 3600;
-    uint64_t deadline = rs_now_ns() + (uint64_t)(secs * 1e9);
+    uint64_t deadline = rs_handshake_deadline();
     for (size_t i = 0; i < n; i++) {
-        struct rs_sock *s = todo[i];
-        if (rs_sock_state(s) == RS_CLIENT_HS) rs_sock_step(s, rs_ms_until(deadline));
-        if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
-        rs_sock_put(s);                             /* outside pool_lock: a last put destroys */
+        rs_sock_finish_client(todo[i], deadline);
+        rs_sock_put(todo[i]);                       /* outside pool_lock: a last put destroys */
     }
     free(todo);
 }
@@ -849,20 +861,21 @@ static int drain_to_end(rs_conn *c)
     return 0;
 }
 
-/* Before exec: the new program reads and writes the kernel socket and knows nothing of
- * the ring, so a connection it inherits must be plain TCP by then.  Both directions move
+/* Before exec, or before the socket is passed to another process: the new program reads
+ * and writes the kernel socket and knows nothing of the ring, so a connection it gets
+ * must be plain TCP by then.  Both directions move
  * (docs/PROTOCOL.md 6.8): ours at once, the peer's when its reader meets our MOVED record
  * (peer_moved).  This waits, bounded, until the stream reads straight from the socket, so
  * that the new program's first read is data (or the end), not doorbells or the peer's
  * RESYNC frame.  No engine call: the caller may be a vfork child.  0: plain TCP now (or
  * never upgraded); -EAGAIN: the peer did not follow in time; -EBADE: bytes had arrived
  * that the old program never read, which the new one cannot be handed. */
-int rs_sock_before_exec(struct rs_sock *s, int timeout_ms)
+int rs_sock_to_kernel(struct rs_sock *s, int reason, int timeout_ms)
 {
     if (rs_sock_state(s) != RS_RING) return 0;
     rs_conn *c = s->conn;
     uint64_t deadline = rs_deadline(timeout_ms);
-    int r = rs_fb_move_tx(c, RS_REASON_EXEC, timeout_ms);
+    int r = rs_fb_move_tx(c, reason, timeout_ms);
     if (r < 0) return r;
     for (;;) {
         if (rs_pre_settle(c) && rs_rx_reach_tcp(c)) break;

@@ -68,6 +68,8 @@ struct rs_sock {
     uint8_t  role;            /* RS_ROLE_CLIENT / RS_ROLE_SERVER once known */
     uint8_t  nonblock;        /* O_NONBLOCK as the application set it */
     uint8_t  forked;          /* a fork happened while it existed: another process may hold it */
+    uint8_t  passed;          /* sent to another process (SCM_RIGHTS), which may hold it after us:
+                               * no close of ours is the last, the kernel's ends the stream */
     uint8_t  app_nodelay;     /* TCP_NODELAY as the application set it (RING) */
     uint8_t  app_cork;        /* TCP_CORK as the application set it (RING) */
     uint8_t  hello_pending;   /* client: nonblocking connect not finished, HELLO not sent */
@@ -135,7 +137,14 @@ ssize_t rs_sock_recv(struct rs_sock *s, void *buf, size_t n, int flags, int *pla
 ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, int *plain);
 ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, int timeout_ms, int *plain);
 ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int flags, int timeout_ms, int *plain);
-int     rs_sock_before_exec(struct rs_sock *s, int timeout_ms);   /* the stream to plain TCP, both ways */
+/* The answer of a client handshake under way waited for (until deadline), a lazy SWITCH
+ * sent: before the socket is shared with another process.  rs_handshake_deadline: now
+ * plus RDMASOCK_HANDSHAKE_TIMEOUT. */
+void     rs_sock_finish_client(struct rs_sock *s, uint64_t deadline);
+uint64_t rs_handshake_deadline(void);
+/* The stream to plain TCP, both ways, for a program that will use only the kernel socket
+ * (reason: RS_REASON_EXEC, RS_REASON_PASSED). */
+int     rs_sock_to_kernel(struct rs_sock *s, int reason, int timeout_ms);
 void    rs_sock_note_fallback(struct rs_sock *s);   /* after the ring went on over TCP: stat + log */
 int     rs_sock_shutdown(struct rs_sock *s, int how, int *plain);
 int     rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *plain);

@@ -9,7 +9,7 @@
  *    "0+1,5") and treats them as just accepted, so it answers the HELLO and the
  *    connection is upgraded there;
  *  - upgraded: the new program reads and writes the kernel socket, so the connection goes
- *    on over TCP first, both directions (rs_sock_before_exec, reason exec).
+ *    on over TCP first, both directions (rs_sock_to_kernel, reason exec).
  * No engine call and no allocation here: the caller may be a vfork child.  posix_spawn is
  * not covered (glibc runs the new program without going through these symbols); see
  * README, Limitations. */
@@ -75,7 +75,7 @@ static int own_number(int fd, struct rs_sock *s)
 
 static void move_to_tcp(int fd, struct rs_sock *s)
 {
-    int r = own_number(fd, s) < 0 ? -EBADF : rs_sock_before_exec(s, RS_EXEC_WAIT_MS);
+    int r = own_number(fd, s) < 0 ? -EBADF : rs_sock_to_kernel(s, RS_REASON_EXEC, RS_EXEC_WAIT_MS);
     char text[320];
     snprintf(text, sizeof text, "role=%s fd=%d transport=tcp reason=exec%s", s->role == RS_ROLE_SERVER ? "server" : "client", fd,
              r == -EAGAIN ? " (the peer did not move its direction to TCP in time: the new program may read its doorbells)"

@@ -110,9 +110,34 @@ static ssize_t recv_msg(struct rs_sock *s, struct msghdr *m, int flags, int *pla
     return r;
 }
 
+/* Calls fn for every descriptor a message carries (SCM_RIGHTS). */
+static void passed_fds(const struct msghdr *m, void (*fn)(int))
+{
+    if (!m || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr)) return;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(m); h; h = CMSG_NXTHDR((struct msghdr *)m, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS || h->cmsg_len < CMSG_LEN(0)) continue;
+        size_t n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(h) + i * sizeof fd, sizeof fd);
+            fn(fd);
+        }
+    }
+}
+
+static ssize_t received(ssize_t r, struct msghdr *m)
+{
+    int e = errno;
+    if (r >= 0 && m && m->msg_controllen && !rs_in_engine) passed_fds(m, rs_adopt_received);
+    errno = e;
+    return r;
+}
+
+/* A socket received from another process (Node's cluster workers get each connection
+ * its primary accepted this way) is looked at as one just accepted (rs_adopt_received). */
 RS_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
-    HOOK(recv_msg(s_, m, flags, &plain_), rs_real.recvmsg(fd, m, flags));
+    HOOK(recv_msg(s_, m, flags, &plain_), received(rs_real.recvmsg(fd, m, flags), m));
 }
 
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t n)
@@ -187,8 +212,10 @@ static ssize_t send_msg(struct rs_sock *s, const struct msghdr *m, int flags, in
     return send_iov(s, m->msg_iov, (int)m->msg_iovlen, flags, plain);
 }
 
+/* A socket of ours sent to another process goes to TCP first (rs_sock_passing). */
 RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
+    if (m && m->msg_controllen && !rs_in_engine && rs_tracking()) passed_fds(m, rs_sock_passing);
     HOOK(send_msg(s_, m, flags, &plain_), rs_real.sendmsg(fd, m, flags));
 }
 

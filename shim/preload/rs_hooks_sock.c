@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -311,6 +312,47 @@ RS_EXPORT long syscall(long n, ...)
         return dup3((int)a, (int)b, (int)c);
     }
     return rs_syscall6(n, a, b, c, d, e, f);
+}
+
+/* fd goes to another process in a message (SCM_RIGHTS).  The receiver knows only the
+ * kernel socket (its rdmasock, if any, has no ring for it), so an upgraded connection
+ * goes on over TCP first, both ways, as before an exec, and a client handshake under way
+ * is finished first so that there is something to move.  The socket is then `passed`:
+ * the receiver may hold it after our close, which therefore ends nothing.  A socket still
+ * in its server handshake (accepted, HELLO unread: Node's cluster primary hands each
+ * accepted connection to a worker) is left for the receiver to answer. */
+void rs_sock_passing(int fd)
+{
+    struct rs_sock *s = rs_sock_of(fd);
+    if (!s) return;
+    rs_sock_finish_client(s, rs_handshake_deadline());
+    if (rs_sock_state(s) == RS_RING && !RS_GET(s->conn->fb)) {
+        int r = rs_sock_to_kernel(s, RS_REASON_PASSED, RS_PASS_WAIT_MS);
+        char text[256];
+        snprintf(text, sizeof text, "role=%s fd=%d transport=tcp reason=passed%s",
+                 s->role == RS_ROLE_SERVER ? "server" : "client", fd,
+                 r == -EAGAIN ? " (the peer did not move its direction to TCP in time: the receiver may read its doorbells)"
+                 : r == -EBADE ? " (bytes had arrived that the program never read: the receiver does not get them)"
+                 : r < 0 ? " (the move failed)" : "");
+        rs_log_direct(text);
+    }
+    __atomic_store_n(&s->passed, 1, __ATOMIC_RELEASE);
+    rs_sock_put(s);
+}
+
+/* fd came in a message (SCM_RIGHTS): a connected TCP socket is taken as just accepted,
+ * since a client's HELLO may be waiting on it (a socket another process accepted and
+ * passed on); the rendezvous decides, as after accept. */
+void rs_adopt_received(int fd)
+{
+    int listening = 0;
+    socklen_t l = sizeof listening;
+    struct sockaddr_storage peer;
+    socklen_t pl = sizeof peer;
+    if (rs_is_tracked(fd) || !is_inet_stream(fd)) return;
+    if (rs_real.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) < 0 || listening) return;
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) < 0) return;
+    rs_adopt_accepted(-1, fd);
 }
 
 RS_EXPORT int shutdown(int fd, int how)

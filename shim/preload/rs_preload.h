@@ -104,6 +104,9 @@ struct rs_sock *rs_track(int fd, int state);    /* a new socket at fd, with a ca
 void rs_untrack(int fd);                    /* fd is closed (or replaced) */
 void rs_untrack_range(unsigned first, unsigned last);     /* close_range */
 void rs_forget_reused(int fd);              /* fd was closed unseen and is now another file */
+void rs_sock_passing(int fd);               /* fd is about to be sent to another process (SCM_RIGHTS) */
+void rs_adopt_received(int fd);             /* fd was received from another process (SCM_RIGHTS) */
+#define RS_PASS_WAIT_MS 2000                /* for the peer to follow a move to TCP before a pass */
 void rs_share(int oldfd, int newfd);        /* newfd refers to oldfd's socket now */
 void rs_socks_after_fork_child(void);
 void rs_socks_each(void (*fn)(int fd, struct rs_sock *s, void *arg), void *arg);

@@ -4,6 +4,10 @@
 //
 //   node node_echo.js server                     prints "port N", echoes every connection,
 //                                                ends its side when the client ends its own
+//   node node_echo.js cluster                    the same server in 2 workers of Node's
+//                                                cluster module: the primary accepts each
+//                                                connection and passes it to a worker
+//                                                (sendmsg SCM_RIGHTS)
 //   node node_echo.js client PORT SEQ CONC SIZE  SEQ connections one after another, then CONC
 //                                                at once; each writes SIZE bytes derived from
 //                                                its index, ends its side, and checks the echo
@@ -23,13 +27,22 @@ function payload(i, size) {
   return out;
 }
 
-function server() {
+function server(announce = true) {
   const s = net.createServer((c) => {
     c.on('error', () => {});
     c.on('data', (d) => c.write(d));
     c.on('end', () => c.end());
   });
-  s.listen(0, '127.0.0.1', () => console.log(`port ${s.address().port}`));
+  s.listen(0, '127.0.0.1', () => { if (announce) console.log(`port ${s.address().port}`); });
+}
+
+function cluster() {
+  const c = require('cluster');
+  if (!c.isPrimary) return server(false);
+  c.schedulingPolicy = c.SCHED_RR;               // the primary accepts (Linux's default too)
+  let told = false;
+  c.on('listening', (_w, addr) => { if (!told) { told = true; console.log(`port ${addr.port}`); } });
+  for (let i = 0; i < 2; i++) c.fork();
 }
 
 function one(port, i, size) {
@@ -62,4 +75,5 @@ async function client(port, seq, conc, size) {
 
 const [mode, ...args] = process.argv.slice(2);
 if (mode === 'server') server();
+else if (mode === 'cluster') cluster();
 else client(+args[0], +args[1], +args[2], +args[3]);

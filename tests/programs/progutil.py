@@ -39,8 +39,9 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
         return S.HttpServer(http_dir_fn()["dir"], preload=preload, log_file=log_file)
     if kind == "echo":
         return S.ProgramServer([S.SYS_PY, "-u", ECHO_PROG, "server"], preload=preload, log_file=log_file)
-    if kind == "node":
-        return S.ProgramServer([NODE, NODE_PROG, "server"], preload=preload, log_file=log_file)
+    if kind in ("node", "node-cluster"):
+        return S.ProgramServer([NODE, NODE_PROG, "server" if kind == "node" else "cluster"], preload=preload,
+                               log_file=log_file)
     raise ValueError(kind)
 
 
