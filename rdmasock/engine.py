@@ -81,7 +81,8 @@ def _log(role, sock, transport, reason):
 
 
 def listen(fd, marker_out=None, answer=0):
-    """A listener: its rendezvous name.  Returns a handle (> 0) or 0; marker_out[0] gets
+    """A listener: its rendezvous name (none if another listener of the port holds it).
+    Returns a handle (> 0) or 0; marker_out[0] gets
     the name's descriptor (a forked child that has not entered the engine closes its copy
     itself, then tells unlisten to detach it); `answer`, the address of a struct rs_answer,
     is filled if C may plan the sockets it accepts (shim/rs_answer.c)."""
@@ -97,9 +98,12 @@ def listen(fd, marker_out=None, answer=0):
     finally:
         s.close()
     if marker is None:
-        log.line("pid=%d role=listener local=%s:%s not registered: its rendezvous name is taken" % (os.getpid(), name[0], name[1]), level=3)
-        return 0
-    if marker_out is not None:
+        # Another listener of the port holds the name (SO_REUSEPORT, or the same socket
+        # listened on again in another process): clients that find it send a HELLO to
+        # whichever socket of the port accepts them, so this one answers too.
+        log.line("pid=%d role=listener local=%s:%s not registered: its rendezvous name is taken; "
+                 "its connections are answered all the same" % (os.getpid(), name[0], name[1]), level=3)
+    elif marker_out is not None:
         marker_out[0] = marker.fileno()
     if answer and upgrade.c_may_plan(name):
         upgrade.plan_answer(ffi.cast("struct rs_answer *", answer), rendezvous.client_prefix())

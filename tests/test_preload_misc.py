@@ -517,3 +517,59 @@ def test_upgraded_socket_passed_to_another_process(tmp_path):
     text = open(log).read()
     assert "reason=passed" in text and "role=client" in text, text
 
+
+
+REUSEPORT_PAIR = r"""
+import select, socket, sys
+if sys.argv[1] == "server":              # two listeners of one port (SO_REUSEPORT): the kernel spreads
+    lss = []                              # connections over both; only one can hold the port's name
+    port = 0
+    for _ in range(2):
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        ls.bind(("127.0.0.1", port))
+        ls.listen(64)
+        port = ls.getsockname()[1]
+        lss.append(ls)
+    print("port", port, flush=True)
+    served = [0, 0]
+    for _ in range(int(sys.argv[2])):
+        ready, _, _ = select.select(lss, [], [], 30)
+        i = lss.index(ready[0])
+        c, _ = lss[i].accept()
+        served[i] += 1
+        c.sendall(c.recv(100).upper())
+        c.close()
+    print("served", *served, flush=True)
+else:
+    bad = 0
+    for i in range(int(sys.argv[3])):
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+        s.sendall(b"ping %d" % i)
+        bad += s.recv(100) != b"PING %d" % i
+        s.close()
+    print("bad", bad, flush=True)
+"""
+
+
+def test_reuseport_listeners_without_the_name_answer_too(tmp_path):
+    """Two listening sockets share a port (SO_REUSEPORT, as nginx's `reuseport` and Node's
+    cluster with SCHED_NONE do).  One holds the port's rendezvous name, so every client
+    sends a HELLO; connections the kernel gives to the other must be answered too.  That
+    one was not a listener of ours: its connections read the HELLO as data."""
+    prog = tmp_path / "reuseport.py"
+    prog.write_text(REUSEPORT_PAIR)
+    log = str(tmp_path / "log")
+    n = 40
+    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, str(n)], capture_output=True, env=_env(log),
+                           timeout=90)
+        assert r.stdout == b"bad 0\n" and not r.stderr, (r.stdout, r.stderr)
+        served = srv.communicate(timeout=30)[0].split()
+    finally:
+        _stop(srv)
+    assert served[0] == b"served" and int(served[2]) > 0, served      # the second listener got some
+    lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
+    assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines

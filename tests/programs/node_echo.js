@@ -4,10 +4,11 @@
 //
 //   node node_echo.js server                     prints "port N", echoes every connection,
 //                                                ends its side when the client ends its own
-//   node node_echo.js cluster                    the same server in 2 workers of Node's
-//                                                cluster module: the primary accepts each
-//                                                connection and passes it to a worker
-//                                                (sendmsg SCM_RIGHTS)
+//   node node_echo.js cluster [rr|shared]        the same server in 2 workers of Node's
+//                                                cluster module: rr, the primary accepts
+//                                                each connection and passes it to a worker
+//                                                (sendmsg SCM_RIGHTS); shared, every worker
+//                                                accepts on the listening socket itself
 //   node node_echo.js client PORT SEQ CONC SIZE  SEQ connections one after another, then CONC
 //                                                at once; each writes SIZE bytes derived from
 //                                                its index, ends its side, and checks the echo
@@ -36,10 +37,10 @@ function server(announce = true) {
   s.listen(0, '127.0.0.1', () => { if (announce) console.log(`port ${s.address().port}`); });
 }
 
-function cluster() {
+function cluster(policy) {
   const c = require('cluster');
   if (!c.isPrimary) return server(false);
-  c.schedulingPolicy = c.SCHED_RR;               // the primary accepts (Linux's default too)
+  c.schedulingPolicy = policy === 'shared' ? c.SCHED_NONE : c.SCHED_RR;   // rr: Linux's default
   let told = false;
   c.on('listening', (_w, addr) => { if (!told) { told = true; console.log(`port ${addr.port}`); } });
   for (let i = 0; i < 2; i++) c.fork();
@@ -75,5 +76,5 @@ async function client(port, seq, conc, size) {
 
 const [mode, ...args] = process.argv.slice(2);
 if (mode === 'server') server();
-else if (mode === 'cluster') cluster();
+else if (mode === 'cluster') cluster(args[0]);
 else client(+args[0], +args[1], +args[2], +args[3]);

@@ -39,9 +39,9 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
         return S.HttpServer(http_dir_fn()["dir"], preload=preload, log_file=log_file)
     if kind == "echo":
         return S.ProgramServer([S.SYS_PY, "-u", ECHO_PROG, "server"], preload=preload, log_file=log_file)
-    if kind in ("node", "node-cluster"):
-        return S.ProgramServer([NODE, NODE_PROG, "server" if kind == "node" else "cluster"], preload=preload,
-                               log_file=log_file)
+    if kind in ("node", "node-cluster", "node-cluster-shared"):
+        argv = {"node": ["server"], "node-cluster": ["cluster", "rr"], "node-cluster-shared": ["cluster", "shared"]}
+        return S.ProgramServer([NODE, NODE_PROG] + argv[kind], preload=preload, log_file=log_file)
     raise ValueError(kind)
 
 
