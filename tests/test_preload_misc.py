@@ -464,36 +464,26 @@ def echo_n(c, n):
             break
         got += d
     return got
-if sys.argv[1] == "server":                       # echoes one connection until EOF
-    ls = socket.create_server(("127.0.0.1", 0))
-    print("port", ls.getsockname()[1], flush=True)
-    c, _ = ls.accept()
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        c.sendall(d)
-    c.close()
-else:                                             # an upgraded connection handed to another process
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:                                  # the receiver: goes on with the conversation
-        a.close()
-        _msg, fds, _f, _a = socket.recv_fds(b, 16, 1)
-        s = socket.socket(fileno=fds[0])
-        data = bytes(range(256)) * 4000
-        s.sendall(data)
-        ok = echo_n(s, len(data)) == data
-        s.shutdown(socket.SHUT_WR)
-        print("receiver", ok, s.recv(1) == b"", flush=True)
-        os._exit(0)
-    b.close()
-    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
-    s.sendall(b"first")
-    print("sender", echo_n(s, 5) == b"first", flush=True)
-    socket.send_fds(a, [b"x"], [s.fileno()])
-    s.close()
-    os.waitpid(pid, 0)
+# an upgraded connection, handed to another process that goes on with it
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+pid = os.fork()
+if pid == 0:                                  # the receiver: goes on with the conversation
+    a.close()
+    _msg, fds, _f, _a = socket.recv_fds(b, 16, 1)
+    s = socket.socket(fileno=fds[0])
+    data = bytes(range(256)) * 4000
+    s.sendall(data)
+    ok = echo_n(s, len(data)) == data
+    s.shutdown(socket.SHUT_WR)
+    print("receiver", ok, s.recv(1) == b"", flush=True)
+    os._exit(0)
+b.close()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"first")
+print("sender", echo_n(s, 5) == b"first", flush=True)
+socket.send_fds(a, [b"x"], [s.fileno()])
+s.close()
+os.waitpid(pid, 0)
 """
 
 
@@ -503,13 +493,14 @@ def test_upgraded_socket_passed_to_another_process(tmp_path):
     kernel socket.  The connection moves to TCP before it is sent (reason passed), both
     directions, and the sender's close ends nothing.  Before, the receiver's bytes reached
     the server as garbage on its doorbell channel."""
-    prog = tmp_path / "passed.py"
+    prog, echo = tmp_path / "passed.py", tmp_path / "echo.py"
     prog.write_text(PASSED_SOCKET)
+    echo.write_text(FORKED_WRITER)                # its server: echoes a connection until EOF
     log = str(tmp_path / "log")
-    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server"], stdout=subprocess.PIPE, env=_env(log))
+    srv = subprocess.Popen(RUN + [SYS_PY, str(echo), "server", "1"], stdout=subprocess.PIPE, env=_env(log))
     try:
         port = srv.stdout.readline().split()[1].decode()
-        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port], capture_output=True, env=_env(log), timeout=60)
+        r = subprocess.run(RUN + [SYS_PY, str(prog), port], capture_output=True, env=_env(log), timeout=60)
         assert sorted(r.stdout.decode().splitlines()) == ["receiver True True", "sender True"], (r.stdout, r.stderr)
         srv.wait(30)
     finally:
