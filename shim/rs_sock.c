@@ -17,7 +17,6 @@
 #include <sys/time.h>
 #include <unistd.h>
 #include <linux/net_tstamp.h>
-#include "rs_contract.h"
 #include "rs_sock.h"
 #include "rs_answer.h"
 #include "rs_sys.h"
@@ -398,8 +397,8 @@ void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
  * read the server's next bytes as a broken answer and send its data where the server
  * does not read it (a client that forks a writer right after connect, the parent
  * reading: the stream arrived garbled).  So fork first waits for the answer, as the first
- * read would have (at most the handshake timeout, for all of them together), and sends a
- * SWITCH still due: the child inherits settled sockets.  A server's socket is left as it
+ * read would have (at most RS_SETTLE_MS, for all of them together), and sends a SWITCH
+ * still due: the child inherits settled sockets.  A server's socket is left as it
  * is: a forking server's parent closes it without a look, and its child answers. */
 /* Waits (until deadline) for the answer of a client handshake still under way, and sends
  * a lazy SWITCH still due: from then on either process may be the one that goes on. */
@@ -409,13 +408,12 @@ void rs_sock_finish_client(struct rs_sock *s, uint64_t deadline)
     if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
 }
 
-uint64_t rs_handshake_deadline(void)
-{
-    double secs = strtod(rs_config_get(RS_CFG_HANDSHAKE_TIMEOUT), NULL);
-    if (!(secs > 0)) secs = 0;
-    if (secs > 3600) secs = 3600;
-    return rs_now_ns() + (uint64_t)(secs * 1e9);
-}
+/* A server answers at once when it serves the connection: a millisecond or two.  Not the
+ * whole handshake timeout: the answer may be this very fork's to make (a forking server
+ * in the same process as the client, whose child answers), and the fork would then stall
+ * that long for nothing. */
+#define RS_SETTLE_MS 200
+uint64_t rs_settle_deadline(void) { return rs_now_ns() + RS_SETTLE_MS * 1000000ull; }
 
 static void settle_clients_before_fork(void)
 {
@@ -435,7 +433,7 @@ static void settle_clients_before_fork(void)
         if (rs_sock_try_get(s)) todo[n++] = s;
     }
     pthread_mutex_unlock(&pool_lock);
-    uint64_t deadline = rs_handshake_deadline();
+    uint64_t deadline = rs_settle_deadline();
     for (size_t i = 0; i < n; i++) {
         rs_sock_finish_client(todo[i], deadline);
         rs_sock_put(todo[i]);                       /* outside pool_lock: a last put destroys */

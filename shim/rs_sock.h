@@ -138,10 +138,10 @@ ssize_t rs_sock_send(struct rs_sock *s, const void *buf, size_t n, int flags, in
 ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, int timeout_ms, int *plain);
 ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int flags, int timeout_ms, int *plain);
 /* The answer of a client handshake under way waited for (until deadline), a lazy SWITCH
- * sent: before the socket is shared with another process.  rs_handshake_deadline: now
- * plus RDMASOCK_HANDSHAKE_TIMEOUT. */
+ * sent: before the socket is shared with another process.  rs_settle_deadline: how long
+ * such a wait may last from now (200 ms). */
 void     rs_sock_finish_client(struct rs_sock *s, uint64_t deadline);
-uint64_t rs_handshake_deadline(void);
+uint64_t rs_settle_deadline(void);
 /* The stream to plain TCP, both ways, for a program that will use only the kernel socket
  * (reason: RS_REASON_EXEC, RS_REASON_PASSED). */
 int     rs_sock_to_kernel(struct rs_sock *s, int reason, int timeout_ms);

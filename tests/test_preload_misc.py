@@ -564,3 +564,49 @@ def test_reuseport_listeners_without_the_name_answer_too(tmp_path):
     assert served[0] == b"served" and int(served[2]) > 0, served      # the second listener got some
     lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
     assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines
+
+
+INHERITED_LISTENER = r"""
+import socket, subprocess, sys
+if sys.argv[1] == "server":              # listens (and so holds the port's name), then runs a worker
+    ls = socket.create_server(("127.0.0.1", 0))      # that accepts on the inherited socket
+    print("port", ls.getsockname()[1], flush=True)
+    w = subprocess.run([sys.executable, __file__, "worker", str(ls.fileno()), sys.argv[2]], pass_fds=[ls.fileno()])
+    sys.exit(w.returncode)
+elif sys.argv[1] == "worker":
+    ls = socket.socket(fileno=int(sys.argv[2]))
+    for _ in range(int(sys.argv[3])):
+        c, _ = ls.accept()
+        c.sendall(c.recv(100).upper())
+        c.close()
+else:
+    bad = 0
+    for i in range(int(sys.argv[3])):
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+        s.sendall(b"ping %d" % i)
+        bad += s.recv(100) != b"PING %d" % i
+        s.close()
+    print("bad", bad, flush=True)
+"""
+
+
+def test_listening_socket_inherited_by_a_worker_answers(tmp_path):
+    """A server listens (its port's name is registered) and runs a worker program that
+    accepts on the inherited listening socket without calling listen() (a server's binary
+    upgrade, socket activation, a listener received with SCM_RIGHTS).  Clients find the
+    name and send a HELLO; the worker, which had no listener of ours, read it as data."""
+    prog = tmp_path / "inherited.py"
+    prog.write_text(INHERITED_LISTENER)
+    log = str(tmp_path / "log")
+    n = 10
+    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, str(n)], capture_output=True, env=_env(log),
+                           timeout=90)
+        assert r.stdout == b"bad 0\n" and not r.stderr, (r.stdout, r.stderr)
+        assert srv.wait(30) == 0
+    finally:
+        _stop(srv)
+    lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
+    assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines

@@ -127,6 +127,21 @@ static int bound_port(int fd)
     return ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port : ((struct sockaddr_in6 *)&ss)->sin6_port;
 }
 
+/* fd listens under `handle` (its name's, if any): a listener of ours from now on. */
+static void track_listener(int fd, int handle, struct rs_answer **tpl)
+{
+    struct rs_sock *s = rs_track(fd, RS_LISTEN);
+    if (!s) {
+        rs_br_unlisten(handle);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->handle = handle;
+    if (*tpl && (*tpl)->name_len) { s->answer = *tpl; *tpl = NULL; }
+    pthread_mutex_unlock(&s->lock);
+    rs_sock_put(s);
+}
+
 /* The rendezvous name is registered before the socket listens: a client that can connect
  * finds it (registered after, a client in between, typically the first one, while the
  * engine loads, went plain).  A socket that listen() itself binds to a port registers
@@ -141,32 +156,55 @@ RS_EXPORT int listen(int fd, int backlog)
     int r = rs_real.listen(fd, backlog);
     int e = errno;
     if (r == 0 && !first) handle = rs_br_listen(fd, tpl);
-    if (handle > 0) {
-        struct rs_sock *s = r == 0 ? rs_track(fd, RS_LISTEN) : NULL;
-        if (s) {
-            pthread_mutex_lock(&s->lock);
-            s->handle = handle;
-            if (tpl && tpl->name_len) { s->answer = tpl; tpl = NULL; }
-            pthread_mutex_unlock(&s->lock);
-            rs_sock_put(s);
-        } else {
-            rs_br_unlisten(handle);
-        }
-    }
+    if (handle > 0 && r == 0) track_listener(fd, handle, &tpl);
+    else if (handle > 0) rs_br_unlisten(handle);
     free(tpl);
     errno = e;
     return r;
 }
 
+/* The listener of an accept.  One we did not see listen (inherited across exec, as at a
+ * server's binary upgrade or socket activation; received with SCM_RIGHTS) may share its
+ * port with a named listener, whose clients send their HELLO to it too: the first time
+ * it accepts, it is registered as listen() would have (rs_br_listen), or remembered as
+ * plain (not TCP, excluded, disabled) so that this is looked at once. */
+static pthread_mutex_t adopt_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rs_sock *listener_of(int lfd)
+{
+    struct rs_sock *ls = rs_sock_of(lfd);
+    if (ls) return ls;
+    pthread_mutex_lock(&adopt_lock);                /* one registration per listener */
+    ls = rs_sock_of(lfd);
+    if (!ls) {
+        int listening = 0, handle = 0;
+        socklen_t l = sizeof listening;
+        struct rs_answer *tpl = NULL;
+        if (is_inet_stream(lfd) && rs_real.getsockopt(lfd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) == 0 &&
+            listening && (tpl = rs_answer_new()))
+            handle = rs_br_listen(lfd, tpl);
+        if (handle > 0) {
+            track_listener(lfd, handle, &tpl);
+        } else {
+            struct rs_sock *p = rs_track(lfd, RS_PLAIN);
+            if (p) rs_sock_put(p);
+        }
+        free(tpl);
+        ls = rs_sock_of(lfd);
+    }
+    pthread_mutex_unlock(&adopt_lock);
+    return ls;
+}
+
 static int after_accept(int lfd, int fd)
 {
     if (fd < 0 || rs_in_engine) return fd;
-    struct rs_sock *ls = rs_sock_of(lfd);
+    int e = errno;
+    struct rs_sock *ls = listener_of(lfd);
+    errno = e;
     if (!ls) return fd;
     int listening = rs_sock_state(ls) == RS_LISTEN;
     rs_sock_put(ls);
     if (!listening) return fd;
-    int e = errno;
     rs_adopt_accepted(lfd, fd);
     errno = e;
     return fd;
@@ -325,7 +363,7 @@ void rs_sock_passing(int fd)
 {
     struct rs_sock *s = rs_sock_of(fd);
     if (!s) return;
-    rs_sock_finish_client(s, rs_handshake_deadline());
+    rs_sock_finish_client(s, rs_settle_deadline());
     if (rs_sock_state(s) == RS_RING && !RS_GET(s->conn->fb)) {
         int r = rs_sock_to_kernel(s, RS_REASON_PASSED, RS_PASS_WAIT_MS);
         char text[256];
