@@ -380,14 +380,17 @@ void rs_sock_passing(int fd)
 
 /* fd came in a message (SCM_RIGHTS): a connected TCP socket is taken as just accepted,
  * since a client's HELLO may be waiting on it (a socket another process accepted and
- * passed on); the rendezvous decides, as after accept. */
+ * passed on); the rendezvous decides, as after accept.  The number is new: whatever we
+ * had at it was closed where we did not see it. */
 void rs_adopt_received(int fd)
 {
     int listening = 0;
     socklen_t l = sizeof listening;
     struct sockaddr_storage peer;
     socklen_t pl = sizeof peer;
-    if (rs_is_tracked(fd) || !is_inet_stream(fd)) return;
+    rs_forget_reused(fd);
+    rs_ep_fd_fresh(fd);
+    if (!is_inet_stream(fd)) return;
     if (rs_real.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) < 0 || listening) return;
     if (getpeername(fd, (struct sockaddr *)&peer, &pl) < 0) return;
     rs_adopt_accepted(-1, fd);
