@@ -402,9 +402,14 @@ void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
  * is: a forking server's parent closes it without a look, and its child answers. */
 /* Waits (until deadline) for the answer of a client handshake still under way, and sends
  * a lazy SWITCH still due: from then on either process may be the one that goes on. */
+static int step(struct rs_sock *s, int wait_ms, int try_only);
+
 void rs_sock_finish_client(struct rs_sock *s, uint64_t deadline)
 {
-    if (rs_sock_state(s) == RS_CLIENT_HS) rs_sock_step(s, rs_ms_until(deadline));
+    /* A thread of ours already waiting for the answer gets it itself: it may be the fork's
+     * child's to make (a forking server in this process), and its lock is not ours to
+     * wait for. */
+    if (rs_sock_state(s) == RS_CLIENT_HS) step(s, rs_ms_until(deadline), 1);
     if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
 }
 
@@ -526,12 +531,14 @@ static void set_broken(struct rs_sock *s, int err)
     rs_syscall(SYS_shutdown, s->fd, SHUT_RD);
 }
 
-int rs_sock_step(struct rs_sock *s, int wait_ms)
+/* try_only: not if another thread is taking a step (it holds the lock, maybe waiting). */
+static int step(struct rs_sock *s, int wait_ms, int try_only)
 {
     int st = rs_sock_state(s);
     if (st != RS_CLIENT_HS && st != RS_SERVER_HS) return 1;
     if (!rs_host || !rs_host->step) { __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE); return 1; }
-    pthread_mutex_lock(&s->lock);
+    if (!try_only) pthread_mutex_lock(&s->lock);
+    else if (pthread_mutex_trylock(&s->lock)) return 0;
     int r = 1;
     st = s->state;
     if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
@@ -576,6 +583,8 @@ int rs_sock_step(struct rs_sock *s, int wait_ms)
     pthread_mutex_unlock(&s->lock);
     return r;
 }
+
+int rs_sock_step(struct rs_sock *s, int wait_ms) { return step(s, wait_ms, 0); }
 
 int rs_sock_in_handshake(struct rs_sock *s)
 {
