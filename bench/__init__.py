@@ -1,13 +1,13 @@
 """rdmasock benchmark suite (issue 5): sub-benchmarks that measure their baseline in the same run.
 
-    rdmasock bench [pingpong|stream|sockperf|redis|pgbench|replay|scale|all ...] [--reps 5] [--quick]
+    rdmasock bench [pingpong|stream|sockperf|redis|pgbench|replay|scale|idle|all ...] [--reps 5] [--quick]
                    [--duration S] [--placements same,cross] [--no-rdma] [--no-plots]
     python -m rdmasock.bench [same arguments]
 
 The package is rdmasock.bench once installed (pyproject.toml maps this directory there):
 cli.py the command line, common.py the shared measurement machinery, report.py tables,
 markdown and plots, one module per sub-benchmark (pingpong, stream, sockperf, redis_get,
-pgbench, replay, scale), rdma_vm.py the Soft-RoCE VM rows of pingpong, servers.py the real
+pgbench, replay, scale, idle), rdma_vm.py the Soft-RoCE VM rows of pingpong, servers.py the real
 servers, worker.py one end of the Python API ping-pong, pgbench_demo.py the demo.
 
 Sub-benchmarks
@@ -39,7 +39,12 @@ Sub-benchmarks
             included), plain vs psql and server both preloaded; transactions / wall seconds.
   scale     N = 1,4,16,64,256 concurrent connections: pgbench -S (-c N -j min(N,2)) and
             redis-benchmark GET (-c N), plain vs preloaded; throughput, and the PSS of server and
-            client processes sampled during the run: total and per extra connection.
+            client processes sampled during the run: total and per extra connection.  Then
+            (--scale-oversub, default pgbench:8) the same unpinned: more runnable processes
+            than CPUs.
+  idle      CPU (% of one CPU) of a preloaded client holding --idle-conns (100) connections to
+            redis-server, each after one PING, and of the server, over --idle-seconds (10) of
+            no traffic, plain vs preloaded.
 
 Method: every process is pinned with taskset; the server side on CPU 0, the client on CPU 0
 ("same") or CPU 1 ("cross").  Each program warms up before it measures.  Repetitions are

@@ -12,6 +12,7 @@ import time
 
 from . import servers as S
 from .common import BENCHES, RESULTS, SERVER_CPU, TARGETS, compile_c, log, placements
+from .idle import bench_idle
 from .pgbench import bench_pgbench
 from .pingpong import bench_pingpong
 from .redis_get import bench_redis
@@ -51,6 +52,11 @@ def parser():
                          "pgbench_branches row, so it measures row-lock waits more than connections")
     ap.add_argument("--scale-placement", default="cross", help="scale: same, cross, crowded (as cross, each CPU shared with a busy loop of the same session) "
                          "or unpinned (the scheduler places servers and clients; default cross)")
+    ap.add_argument("--scale-oversub", default="pgbench:8",
+                    help="scale: also TOOL:N with nothing pinned, more runnable processes than CPUs "
+                         "(default pgbench:8, i.e. pgbench -S -c 8; empty: skip)")
+    ap.add_argument("--idle-conns", type=int, default=100, help="idle: connections held idle (default 100)")
+    ap.add_argument("--idle-seconds", type=float, default=None, help="idle: seconds of no traffic (default 10; quick 2)")
     ap.add_argument("--tcp-only", action="store_true", help="baselines only (checks the harness)")
     ap.add_argument("--no-rdma", action="store_true",
                     help="pingpong: skip the Soft-RoCE VM run (the rdma rows, bench/rdma_vm.py)")
@@ -138,7 +144,7 @@ def main(argv=None):
               "preload_library": S.preload_status()[1] if not args.tcp_only else None, "results": {}}
     fns = {"pingpong": bench_pingpong, "stream": bench_stream, "sockperf": bench_sockperf, "redis": bench_redis,
            "pgbench": bench_pgbench,
-           "replay": bench_replay, "scale": bench_scale}
+           "replay": bench_replay, "scale": bench_scale, "idle": bench_idle}
     with bench_context(args) as ctx:
         for name in names:
             log("== %s" % name)

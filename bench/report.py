@@ -127,14 +127,17 @@ def plot_scale(plt, rows, title, path):
     fig, axes = plt.subplots(2, len(tools), figsize=(6 * len(tools), 7.5), squeeze=False)
     for col, tool in enumerate(tools):
         top, bottom = axes[0][col], axes[1][col]
-        for kind, color in (("tcp", "tab:blue"), ("rdmasock", "tab:green")):
-            rs = sorted((r for r in rows if r["tool"] == tool and r["kind"] == kind), key=lambda r: r["conns"])
+        lines = [(kind, pl, color) for kind, color in (("tcp", "tab:blue"), ("rdmasock", "tab:green"))
+                 for pl in sorted({r["placement"] for r in rows})]
+        for kind, pl, color in lines:
+            rs = sorted((r for r in rows if r["tool"] == tool and r["kind"] == kind and r["placement"] == pl),
+                        key=lambda r: r["conns"])
             if not rs:
                 continue
-            label = rs[0]["name"] + ("" if all(r["status"] == "ok" for r in rs) else " (!)")
+            label = "%s [%s]" % (rs[0]["name"], pl) + ("" if all(r["status"] == "ok" for r in rs) else " (!)")
             top.errorbar([r["conns"] for r in rs], [r["median"] for r in rs],
                          yerr=[[r["median"] - r["min"] for r in rs], [r["max"] - r["median"] for r in rs]],
-                         marker="o", capsize=3, color=color, label=label)
+                         marker="o" if pl != "unpinned" else "s", capsize=3, color=color, label=label)
             mem = [r for r in rs if r.get("kib_per_conn") is not None]
             bottom.plot([r["conns"] for r in mem], [r["kib_per_conn"] for r in mem], marker="o", color=color,
                         label=label)

@@ -53,17 +53,56 @@ def busy_loops(cpus):
             S.kill_tree(p)
 
 
+def oversub_parts(spec):
+    """--scale-oversub "pgbench:8,redis:50" -> {tool: [N, ...]}."""
+    parts = {}
+    for item in (x.strip() for x in spec.split(",")):
+        if item:
+            tool, _, n = item.partition(":")
+            parts.setdefault(tool, []).append(int(n))
+    return parts
+
+
 def bench_scale(args, ctx):
-    """pgbench and redis-benchmark GET with N concurrent connections: throughput and memory."""
+    """pgbench and redis-benchmark GET with N concurrent connections: throughput and memory,
+    in --scale-placement, then (--scale-oversub) the unpinned part: more runnable processes
+    than CPUs."""
     conns_list = sorted(int(c) for c in args.scale_conns.split(","))
     pg_conns = sorted(int(c) for c in (args.scale_pg_conns or args.scale_conns).split(","))
+    tools = [t for t in args.scale_tools.split(",") if t]
+    rows, summary = scale_part(args, ctx, args.scale_placement, tools, conns_list, pg_conns)
+    extra = oversub_parts(args.scale_oversub or "") if args.scale_placement != "unpinned" else {}
+    if extra:
+        more, more_summary = scale_part(args, ctx, "unpinned", sorted(extra), sorted(extra.get("redis", [])),
+                                        sorted(extra.get("pgbench", [])))
+        rows += more
+        summary += more_summary
+    for r in rows:
+        r["pss_mib"] = statistics.median(r["pss_kib"]) / 1024 if r["pss_kib"] else None
+        r["rss_mib"] = statistics.median(r["rss_kib"]) / 1024 if r["rss_kib"] else None
+        one = [b for b in rows if b["tool"] == r["tool"] and b["kind"] == r["kind"] and b["conns"] == 1
+               and b["placement"] == r["placement"]]
+        if r["conns"] > 1 and one and one[0]["pss_mib"] is not None and r["pss_mib"] is not None:
+            r["kib_per_conn"] = round((r["pss_mib"] - one[0]["pss_mib"]) * 1024 / (r["conns"] - 1), 1)
+    set_ratios(rows, "tcp", "vs_tcp", keys=("tool", "conns", "placement"))
+    return {"rows": rows, "summary": summary + [
+                "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
+                "sampled once during each run after all N connections were established (median over the "
+                "repetitions; kernel socket buffers are not included); KiB/conn = (PSS(N) - PSS(1)) / (N - 1)"],
+            "targets": [],
+            "columns": ["tool", "conns", "placement", "name", "median", "min", "max", "cpu_us", "vs_tcp", "pss_mib",
+                        "kib_per_conn", "status"],
+            "title": "scale: N concurrent connections, throughput and memory, TCP vs rdmasock"}
+
+
+def scale_part(args, ctx, pl, tools, conns_list, pg_conns):
+    """The rows of one placement pl (same, cross, crowded, unpinned), and its summary line."""
     duration = max(3, round(args.duration or (3 if args.quick else 6)))   # pgbench -T includes connecting
     impls = ["tcp"] if args.tcp_only else ["tcp", "rdmasock"]
     places, log_file = ctx["places"], ctx["log_file"]
-    pl = args.scale_placement
     cpus = placements([pl]).get(pl) or places[list(places)[-1]]
-    tools = [t for t in args.scale_tools.split(",") if t]
     pg_opts = ["-S"] if args.scale_pg_script == "select" else []
+    tools = [t for t in tools if (t != "pgbench" or pg_conns) and (t != "redis" or conns_list)]
     variants, est = [], {}
 
     def add(tool, impl, n, fn):
@@ -119,25 +158,12 @@ def bench_scale(args, ctx):
                                                log_file)[0]["GET"]
         log("scale warm-up done")
         rows = run_variants("scale", variants, args.reps, lambda v: "%.0f/s" % v)
-
-    for r in rows:
-        r["pss_mib"] = statistics.median(r["pss_kib"]) / 1024 if r["pss_kib"] else None
-        r["rss_mib"] = statistics.median(r["rss_kib"]) / 1024 if r["rss_kib"] else None
-        one = [b for b in rows if b["tool"] == r["tool"] and b["kind"] == r["kind"] and b["conns"] == 1]
-        if r["conns"] > 1 and one and one[0]["pss_mib"] is not None and r["pss_mib"] is not None:
-            r["kib_per_conn"] = round((r["pss_mib"] - one[0]["pss_mib"]) * 1024 / (r["conns"] - 1), 1)
-    set_ratios(rows, "tcp", "vs_tcp", keys=("tool", "conns"))
-    return {"rows": rows, "summary": [
-                "%s (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections "
-                "%d; redis-benchmark -t get, requests sized for ~%d s" % (
-                    "servers and clients not pinned" if cpus[0] is None else
-                    "server on CPU %d, client on CPU %d" % cpus + (
-                        ", each CPU shared with a busy loop, all in one session" if pl == "crowded" else ""), pl, "-S (select-only)" if pg_opts else "TPC-B", duration,
-                    max(pg_conns) + 20, duration),
-                "memory: PSS summed over the server's and the client's processes from /proc/PID/smaps_rollup, "
-                "sampled once during each run after all N connections were established (median over the "
-                "repetitions; kernel socket buffers are not included); KiB/conn = (PSS(N) - PSS(1)) / (N - 1)"],
-            "targets": [],
-            "columns": ["tool", "conns", "name", "median", "min", "max", "cpu_us", "vs_tcp", "pss_mib",
-                        "kib_per_conn", "status"],
-            "title": "scale: N concurrent connections, throughput and memory, TCP vs rdmasock"}
+    return rows, [
+        "%s: %s (%s); pgbench %s scale 1, -j min(N,2), -T %d, max_connections %d; redis-benchmark -t get, "
+        "requests sized for ~%d s" % (
+            pl, "servers and clients not pinned" if cpus[0] is None else
+            "server on CPU %d, client on CPU %d" % cpus + (
+                ", each CPU shared with a busy loop, all in one session" if pl == "crowded" else ""),
+            "N = " + ", ".join("%s %s" % (t, ",".join(map(str, pg_conns if t == "pgbench" else conns_list)))
+                               for t in tools),
+            "-S (select-only)" if pg_opts else "TPC-B", duration, max(pg_conns or [0]) + 20, duration)]
