@@ -18,6 +18,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ECHO_PROG = os.path.join(HERE, "echo_prog.py")
 NODE = "/usr/bin/node"
 NODE_PROG = os.path.join(HERE, "node_echo.js")
+RUBY = "/usr/bin/ruby"
+PHP = "/usr/bin/php"
+ECHO_PROGS = {"ruby": [RUBY, os.path.join(HERE, "ruby_echo.rb")], "php": [PHP, os.path.join(HERE, "php_echo.php")]}
 LOG_WAIT = 8.0            # seconds to wait for the log to show every connection's outcome
 
 PAIRINGS = {            # id -> (client preloaded, server preloaded)
@@ -42,6 +45,8 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
     if kind in ("node", "node-cluster", "node-cluster-shared"):
         argv = {"node": ["server"], "node-cluster": ["cluster", "rr"], "node-cluster-shared": ["cluster", "shared"]}
         return S.ProgramServer([NODE, NODE_PROG] + argv[kind], preload=preload, log_file=log_file)
+    if kind in ECHO_PROGS:
+        return S.ProgramServer(ECHO_PROGS[kind] + ["server"], preload=preload, log_file=log_file)
     raise ValueError(kind)
 
 
