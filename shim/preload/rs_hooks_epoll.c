@@ -504,46 +504,49 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
 {
     struct rs_sock *h = rs_handshake_sock(m->fd);
     if (h) {
-        /* woken by handshake bytes: settle, and report only the application's data */
+        /* woken by handshake bytes: settle; a ring it ends with is judged below */
         rs_sock_settle(h);
         struct rs_sock *r = rs_ring_sock(m->fd);
-        if (rs_only_handshake(h) || (r && !rs_rx_ready(r->conn)))
-            e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+        if (!r && rs_only_handshake(h)) e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
         if (r) rs_sock_put(r);
         rs_sock_put(h);
     }
     struct rs_sock *k2 = rs_ring_sock(m->fd);
-    if (!k2) return;
-    rs_conn *c = k2->conn;
-    /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
-     * under the preload, rs_doorbell.c): the ring says whether data is there; for
-     * an edge-triggered member, whether new data came since its last edge (the
-     * doorbell of data already reported makes a kernel edge of its own) */
-    int stale_edge = (m->events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == m->et_mark;
-    if ((e->events & (EPOLLIN | EPOLLRDNORM)) && !(e->events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
-        (stale_edge || !rs_rx_ready(c))) {
-        uint32_t in = e->events & (EPOLLIN | EPOLLRDNORM);
-        e->events &= ~in;
-        /* stale bells go; the peer's end or garbage on the socket is reported (this is
-         * where an epoll wait learns of them: its arming does not peek) */
-        rs_rx_drop_stale_bells(c);
-        if (RS_GET(c->tcp_eof) || RS_GET(c->err)) e->events |= in;
-        if (!e->events && (m->events & EPOLLONESHOT)) {
-            /* the kernel's one shot went on a stale doorbell: arm it again */
+    if (k2) {
+        rs_conn *c = k2->conn;
+        /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
+         * under the preload, rs_doorbell.c), or the handshake's last bytes: the ring says
+         * whether data is there; for an edge-triggered member, whether new data came since
+         * its last edge (the doorbell of data already reported makes a kernel edge of its
+         * own) */
+        int stale_edge = (m->events & EPOLLET) && !c->rx.fin_seen && rs_rx_produced(c) == m->et_mark;
+        if ((e->events & (EPOLLIN | EPOLLRDNORM)) && !(e->events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) &&
+            (stale_edge || !rs_rx_ready(c))) {
+            uint32_t in = e->events & (EPOLLIN | EPOLLRDNORM);
+            e->events &= ~in;
+            /* stale bells go; the peer's end or garbage on the socket is reported (this is
+             * where an epoll wait learns of them: its arming does not peek) */
+            rs_rx_drop_stale_bells(c);
+            if (RS_GET(c->tcp_eof) || RS_GET(c->err)) e->events |= in;
+        }
+        if ((e->events & EPOLLOUT) && !rs_tx_writable(c)) {
+            if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) e->events &= ~(uint32_t)EPOLLOUT;
+        }
+        if (e->events & EPOLLOUT) m->out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
+        /* the kernel's report counts as ours: no second edge */
+        if ((e->events & EPOLLIN) && (m->events & EPOLLET)) m->et_mark = rs_rx_produced(c);
+        rs_sock_put(k2);
+    }
+    if (m->events & EPOLLONESHOT) {
+        if (e->events) {
+            m->disarmed = 1;            /* reported: nothing more until EPOLL_CTL_MOD */
+        } else {
+            /* the kernel's one shot went on bytes that were not the program's (a doorbell,
+             * the handshake): the program still waits for its event, so arm it again */
             struct epoll_event again = { .events = m->events, .data = m->data };
             rs_real.epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &again);
-            rs_sock_put(k2);
-            return;
         }
     }
-    if ((e->events & EPOLLOUT) && !rs_tx_writable(c)) {
-        if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) e->events &= ~(uint32_t)EPOLLOUT;
-    }
-    if (e->events & EPOLLOUT) m->out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
-    /* the kernel's report counts as ours: no second edge, no second one-shot */
-    if ((e->events & EPOLLIN) && (m->events & EPOLLET)) m->et_mark = rs_rx_produced(c);
-    if (m->events & EPOLLONESHOT) m->disarmed = 1;
-    rs_sock_put(k2);
 }
 
 /* who[j]: the first member whose data is ev[j]'s (-1: none; the kernel returns only the
