@@ -234,11 +234,9 @@ void rs_ep_forget_range(unsigned first, unsigned last)
 
 void rs_ep_forget(int fd) { rs_ep_forget_range((unsigned)fd, (unsigned)fd); }
 
-static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
+/* A registration of a tracked socket changes (caller holds the set's lock). */
+static void remember_locked(struct ep_set *s, int op, int fd, const struct epoll_event *ev)
 {
-    struct ep_set *s = op == EPOLL_CTL_DEL ? set_get(epfd) : set_create(epfd);
-    if (!s) return;
-    pthread_mutex_lock(&s->lock);
     int i = find_member(s, fd);
     if (op == EPOLL_CTL_DEL) {
         drop_member(s, fd);
@@ -264,8 +262,24 @@ static void ep_remember(int epfd, int op, int fd, const struct epoll_event *ev)
             scan_add(s, i);
         }
     }
+}
+
+/* The kernel's epoll_ctl for a tracked socket (or any DEL), and our record of it, under
+ * the set's lock: a wait in another thread changes the kernel's registration too (a
+ * fired one-shot turned off, or armed again when its event was not the program's), with
+ * the events and data it has on record.  Between the program's change and our record of
+ * it, that would undo the change (a writer's EPOLLOUT lost, and with it its wake-up). */
+static int ep_ctl_remember(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    struct ep_set *s = op == EPOLL_CTL_DEL ? set_get(epfd) : set_create(epfd);
+    if (!s) return rs_real.epoll_ctl(epfd, op, fd, ev);
+    pthread_mutex_lock(&s->lock);
+    int r = rs_real.epoll_ctl(epfd, op, fd, ev), e = errno;
+    if (r == 0) remember_locked(s, op, fd, ev);
     pthread_mutex_unlock(&s->lock);
     set_put(s);
+    errno = e;
+    return r;
 }
 
 /* Registrations of a socket made before it was tracked (registered, then connected, as
@@ -332,8 +346,7 @@ int rs_ep_adopt(int fd)
     /* Is it still registered there (the epoll fd may have been closed and its number
      * reused)?  MOD to the same events and data changes nothing else. */
     struct epoll_event ev = { .events = e.events, .data = e.data };
-    if (rs_real.epoll_ctl(e.epfd, EPOLL_CTL_MOD, fd, &ev) != 0) return errno == ENOENT || errno == EBADF || errno == EINVAL;
-    ep_remember(e.epfd, EPOLL_CTL_ADD, fd, &ev);
+    if (ep_ctl_remember(e.epfd, EPOLL_CTL_MOD, fd, &ev) != 0) return errno == ENOENT || errno == EBADF || errno == EINVAL;
     return 1;
 }
 
@@ -362,15 +375,13 @@ static void ep_count_other(int epfd, int op)
 RS_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
     if (__builtin_expect(!rs_real.read, 0)) rs_real_init();
-    int r = rs_real.epoll_ctl(epfd, op, fd, ev);
-    if (r == 0 && !rs_in_engine) {
+    if (rs_in_engine) return rs_real.epoll_ctl(epfd, op, fd, ev);
+    int tracked = rs_is_tracked(fd);
+    int r = tracked || op == EPOLL_CTL_DEL ? ep_ctl_remember(epfd, op, fd, ev) : rs_real.epoll_ctl(epfd, op, fd, ev);
+    if (r == 0 && !tracked) {
         int e = errno;
-        int tracked = rs_is_tracked(fd);
-        if (tracked || op == EPOLL_CTL_DEL) ep_remember(epfd, op, fd, ev);
-        if (!tracked) {
-            ep_note_early(epfd, op, fd, ev);
-            ep_count_other(epfd, op);
-        }
+        ep_note_early(epfd, op, fd, ev);
+        ep_count_other(epfd, op);
         errno = e;
     }
     return r;
