@@ -72,6 +72,17 @@ RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockad
 }
 
 /* Scatter reads: the first buffer may wait, the rest take what is already there. */
+/* The socket became plain TCP in the middle of a call over several buffers (another
+ * thread passed it on, or it moved): what the ring already gave or took is this call's
+ * result, since the kernel's call would start again from the first buffer (reading over
+ * bytes taken from the ring, or sending bytes twice).  The next call goes to the kernel. */
+static ssize_t plain_after(ssize_t total, int *plain)
+{
+    if (!total) return 0;
+    *plain = 0;
+    return total;
+}
+
 static ssize_t recv_iov(struct rs_sock *s, const struct iovec *iov, int cnt, int flags, int *plain)
 {
     ssize_t total = 0;
@@ -81,7 +92,7 @@ static ssize_t recv_iov(struct rs_sock *s, const struct iovec *iov, int cnt, int
         /* MSG_WAITALL fills every buffer; otherwise only the first one may wait */
         int fl = total && !(flags & MSG_WAITALL) ? flags | MSG_DONTWAIT : flags;
         ssize_t r = rs_sock_recv(s, iov[i].iov_base, iov[i].iov_len, fl, plain);
-        if (*plain) return 0;
+        if (*plain) return plain_after(total, plain);
         if (r < 0) return total ? total : r;
         total += r;
         if ((size_t)r < iov[i].iov_len || (flags & MSG_PEEK)) break;
@@ -181,7 +192,7 @@ static ssize_t send_iov(struct rs_sock *s, const struct iovec *iov, int cnt, int
         if (n == 0) { i += used; continue; }
         /* a blocking socket queues everything, as TCP does; a nonblocking one what fits */
         ssize_t r = rs_sock_send(s, p, n, flags, plain);
-        if (*plain) return 0;
+        if (*plain) return plain_after(total, plain);
         if (r < 0) return total ? total : r;
         total += r;
         if ((size_t)r < n) break;
