@@ -587,11 +587,16 @@ def test_listening_socket_inherited_by_a_worker_answers(tmp_path):
     accepts on the inherited listening socket without calling listen() (a server's binary
     upgrade, socket activation, a listener received with SCM_RIGHTS).  Clients find the
     name and send a HELLO; the worker, which had no listener of ours, read it as data."""
-    prog, client = tmp_path / "inherited.py", tmp_path / "client.py"
-    prog.write_text(INHERITED_LISTENER)
-    client.write_text(REUSEPORT_PAIR)             # its client: n pings, each answered upper-case
+    _pair_answers_every_ping(tmp_path, INHERITED_LISTENER, REUSEPORT_PAIR, 10)  # its client: pings answered upper-case
+
+
+def _pair_answers_every_ping(tmp_path, server_src, client_src, n):
+    """Runs `server_src server n` and `client_src client PORT n`, both preloaded: the client
+    must print "bad 0", the server exit 0, and every connection be logged shm by both."""
+    prog, client = tmp_path / "server.py", tmp_path / "client.py"
+    prog.write_text(server_src)
+    client.write_text(client_src)
     log = str(tmp_path / "log")
-    n = 10
     srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
     try:
         port = srv.stdout.readline().split()[1].decode()
@@ -653,18 +658,4 @@ def test_one_shot_epoll_waiter_is_woken_after_the_handshake(tmp_path):
     answer.  That event carries nothing of the program's, so it is not reported, and the
     registration must be armed again: it was left spent, and the server's data, 200 ms
     later, woke nobody (every connection timed out)."""
-    prog = tmp_path / "oneshot.py"
-    prog.write_text(ONESHOT_WAITER)
-    log = str(tmp_path / "log")
-    n = 5
-    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
-    try:
-        port = srv.stdout.readline().split()[1].decode()
-        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, str(n)], capture_output=True, env=_env(log),
-                           timeout=90)
-        assert r.stdout == b"bad 0\n" and not r.stderr, (r.stdout, r.stderr)
-        assert srv.wait(30) == 0
-    finally:
-        _stop(srv)
-    lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
-    assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines
+    _pair_answers_every_ping(tmp_path, ONESHOT_WAITER, ONESHOT_WAITER, 5)
