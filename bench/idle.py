@@ -57,7 +57,7 @@ def idle_run(srv, impl, conns, seconds, cpu, log_file):
                               env=S.client_env(log_file), start_new_session=True)
     try:
         if read_line(client, RUN_TIMEOUT) != "ready":
-            client.stdin.close()
+            S.kill_tree(client)                 # its stderr ends with it: the read below is bounded
             raise RuntimeError("idle client did not get ready: %s" % S._tail(client.stderr.read()))
         cpu0, t0 = tree_cpu_s(client.pid) + servers_cpu_s(), time.monotonic()
         time.sleep(seconds)

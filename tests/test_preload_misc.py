@@ -548,22 +548,8 @@ def test_reuseport_listeners_without_the_name_answer_too(tmp_path):
     cluster with SCHED_NONE do).  One holds the port's rendezvous name, so every client
     sends a HELLO; connections the kernel gives to the other must be answered too.  That
     one was not a listener of ours: its connections read the HELLO as data."""
-    prog = tmp_path / "reuseport.py"
-    prog.write_text(REUSEPORT_PAIR)
-    log = str(tmp_path / "log")
-    n = 40
-    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", str(n)], stdout=subprocess.PIPE, env=_env(log))
-    try:
-        port = srv.stdout.readline().split()[1].decode()
-        r = subprocess.run(RUN + [SYS_PY, str(prog), "client", port, str(n)], capture_output=True, env=_env(log),
-                           timeout=90)
-        assert r.stdout == b"bad 0\n" and not r.stderr, (r.stdout, r.stderr)
-        served = srv.communicate(timeout=30)[0].split()
-    finally:
-        _stop(srv)
+    served = _pair_answers_every_ping(tmp_path, REUSEPORT_PAIR, REUSEPORT_PAIR, 40).split()
     assert served[0] == b"served" and int(served[2]) > 0, served      # the second listener got some
-    lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
-    assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines
 
 
 INHERITED_LISTENER = r"""
@@ -592,7 +578,8 @@ def test_listening_socket_inherited_by_a_worker_answers(tmp_path):
 
 def _pair_answers_every_ping(tmp_path, server_src, client_src, n):
     """Runs `server_src server n` and `client_src client PORT n`, both preloaded: the client
-    must print "bad 0", the server exit 0, and every connection be logged shm by both."""
+    must print "bad 0", the server exit 0, and every connection be logged shm by both.
+    Returns what the server printed after its port."""
     prog, client = tmp_path / "server.py", tmp_path / "client.py"
     prog.write_text(server_src)
     client.write_text(client_src)
@@ -603,11 +590,13 @@ def _pair_answers_every_ping(tmp_path, server_src, client_src, n):
         r = subprocess.run(RUN + [SYS_PY, str(client), "client", port, str(n)], capture_output=True, env=_env(log),
                            timeout=90)
         assert r.stdout == b"bad 0\n" and not r.stderr, (r.stdout, r.stderr)
-        assert srv.wait(30) == 0
+        out = srv.communicate(timeout=30)[0]
+        assert srv.returncode == 0
     finally:
         _stop(srv)
     lines = [l for l in open(log).read().splitlines() if "role=" in l and "role=listener" not in l]
     assert len(lines) == 2 * n and all("transport=shm" in l for l in lines), lines
+    return out
 
 
 ONESHOT_WAITER = r"""

@@ -71,9 +71,8 @@ RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockad
     HOOK(recv_from(s_, buf, n, flags, sl, &plain_), rs_real.recvfrom(fd, buf, n, flags, sa, sl));
 }
 
-/* Scatter reads: the first buffer may wait, the rest take what is already there. */
 /* The socket became plain TCP in the middle of a call over several buffers (another
- * thread passed it on, or it moved): what the ring already gave or took is this call's
+ * thread passed it to another process): what the ring already gave or took is this call's
  * result, since the kernel's call would start again from the first buffer (reading over
  * bytes taken from the ring, or sending bytes twice).  The next call goes to the kernel. */
 static ssize_t plain_after(ssize_t total, int *plain)
@@ -83,6 +82,7 @@ static ssize_t plain_after(ssize_t total, int *plain)
     return total;
 }
 
+/* Scatter reads: the first buffer may wait, the rest take what is already there. */
 static ssize_t recv_iov(struct rs_sock *s, const struct iovec *iov, int cnt, int flags, int *plain)
 {
     ssize_t total = 0;
