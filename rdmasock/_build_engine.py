@@ -16,7 +16,6 @@ API = """
 int rse_listen(int fd, int *marker, uintptr_t answer);
 void rse_unlisten(int handle, int detach);
 int rse_connect_plan(int fd, const void *sa, int salen);
-void rse_hello(int handle);
 int rse_accept(int lfd, int fd, uintptr_t answer);
 int rse_accept_late(int fd);
 void rse_drop(int handle, int detach);
@@ -64,10 +63,6 @@ def rse_unlisten(handle, detach):
 @ffi.def_extern(error=0, onerror=_quiet)
 def rse_connect_plan(fd, sa, salen):
     return _engine.connect_plan(fd, ffi.buffer(sa, salen)[:])
-
-@ffi.def_extern(onerror=_quiet)
-def rse_hello(handle):
-    _engine.hello(handle)
 
 @ffi.def_extern(error=0, onerror=_quiet)
 def rse_accept(lfd, fd, answer):

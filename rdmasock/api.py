@@ -302,8 +302,7 @@ class socket(_base):
             self._reason = reasons.name(-handle)
             engine.plain(self.fileno(), -handle)
         elif handle > 0 and self._track(lib.RS_CLIENT_HS, handle, lib.RS_ROLE_CLIENT) is not None:
-            engine.hello(handle)
-            lib.rs_api_step(self._s, self._gen, 0)
+            lib.rs_api_step(self._s, self._gen, 0)       # the HELLO leaves (rs_sock.c step)
 
     def connect_ex(self, address):
         try:

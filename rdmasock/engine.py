@@ -159,12 +159,6 @@ def _socket_address(family, raw):
     return _socket.inet_ntop(_socket.AF_INET6, raw[8:24]), port, flow, scope
 
 
-def hello(handle):
-    h = _handshakes.get(handle)
-    if h is not None and not h.side.hello_sent:
-        h.side.start()
-
-
 def accept(lfd, fd, answer=0):
     """An accepted socket: a HELLO follows if its client registered a rendezvous name (or
     is listed in RDMASOCK_PEERS).  `answer`: the address of a struct rs_answer, filled if a

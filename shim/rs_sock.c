@@ -42,7 +42,7 @@ static int timeo_ms(int fd, int name)
     return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
 
-struct rs_sock *rs_sock_new(int fd, int state)
+struct rs_sock *rs_sock_new(int fd, int state, int handle, int role)
 {
     pthread_mutex_lock(&pool_lock);
     struct rs_sock *s = free_socks;
@@ -80,7 +80,8 @@ struct rs_sock *rs_sock_new(int fd, int state)
     s->nfds = 1;
     s->fd = fd;
     s->state = state;
-    s->handle = -1;
+    s->handle = handle;
+    s->role = (uint8_t)role;
     int fl = (int)rs_syscall(SYS_fcntl, fd, F_GETFL);
     s->nonblock = fl >= 0 && (fl & O_NONBLOCK);
     struct stat st;
@@ -208,14 +209,37 @@ static struct holders *holders_new(uint32_t n)
 /* Takes one count back; 1 if it was the last. */
 static int holders_drop(struct holders *h) { return __atomic_sub_fetch(&h->count, 1, __ATOMIC_ACQ_REL) == 0; }
 
-/* This process stops holding s, once: 1 if the stream's end is its to write, since no
- * other process holds s now, or this process made the ring (adopt_ring: the others
- * only close their copies). */
-static int let_go(struct rs_sock *s)
+/* The child's memory is this process's as it is at the fork itself, some time after
+ * fork_prepare marked every socket.  A ring made in between by another thread's handshake
+ * would be in the child too, yet marked as this process's alone (adopt_ring): both would
+ * end its stream.  A last close in between would take this process's count back before
+ * the child's is added, and end the stream the child still holds.  So a fork holds
+ * fork_gate from the marking until it is done, and a ring's adoption and a letting go
+ * take it: each happens wholly before the marking or wholly after the fork.  At exit
+ * (which may run in a signal handler on a thread inside the gate) it is tried for about a
+ * millisecond, then the count is taken back without it. */
+static pthread_mutex_t fork_gate = PTHREAD_MUTEX_INITIALIZER;
+static int exiting;
+
+static int forked(struct rs_sock *s) { return __atomic_load_n(&s->forked, __ATOMIC_ACQUIRE); }
+
+static int gate_enter(void)
+{
+    if (!__atomic_load_n(&exiting, __ATOMIC_RELAXED)) return !pthread_mutex_lock(&fork_gate);
+    for (int i = 0; i < 100; i++) {
+        if (!pthread_mutex_trylock(&fork_gate)) return 1;
+        struct timespec ts = { 0, 10000 };
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+static int let_go_gated(struct rs_sock *s)
 {
     if (__atomic_exchange_n(&s->let_go, 1, __ATOMIC_ACQ_REL)) return 0;
-    struct holders *h = s->holders;
-    if (!h) return !s->forked;
+    struct holders *h = __atomic_load_n(&s->holders, __ATOMIC_ACQUIRE);
+    int was_forked = forked(s);
+    if (!h) return !was_forked;
     int32_t me = (int32_t)rs_syscall(SYS_getpid);
     for (int i = 0; i < HOLDER_PIDS; i++) {
         int32_t mine = me;
@@ -227,7 +251,19 @@ static int let_go(struct rs_sock *s)
         if (p <= 0 || p == me || rs_syscall(SYS_kill, p, 0) == 0 || errno != ESRCH) continue;
         if (__atomic_compare_exchange_n(&h->pid[i], &p, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) last = holders_drop(h);
     }
-    return !s->forked || last;
+    return !was_forked || last;
+}
+
+/* This process stops holding s, once: 1 if the stream's end is its to write, since no
+ * other process holds s now, or this process made the ring (adopt_ring: the others
+ * only close their copies). */
+static int let_go(struct rs_sock *s)
+{
+    if (__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) return 0;
+    int gated = gate_enter();
+    int r = let_go_gated(s);
+    if (gated) pthread_mutex_unlock(&fork_gate);
+    return r;
 }
 
 /* The child of a fork lists itself as a holder of what it inherited. */
@@ -251,7 +287,7 @@ static void end_stream(struct rs_sock *s)
     if ((st != RS_RING && st != RS_SERVER_HS) || __atomic_exchange_n(&s->ended, 1, __ATOMIC_ACQ_REL))
         return;
     if (!let_go(s) || s->passed) return;
-    if (s->forked && st == RS_RING && (s->conn->ops->host_objects || !rs_tx_tail_is_ours(s->conn))) return;
+    if (forked(s) && st == RS_RING && (s->conn->ops->host_objects || !rs_tx_tail_is_ours(s->conn))) return;
     /* Its number closed where we did not see it (rs_sock_abandon_fd), a socket has no
      * descriptor left to read off: the kernel's close came first.  The ring still ends. */
     int open = s->fd >= 0;
@@ -285,6 +321,7 @@ static int directions_free(rs_conn *c)
  * handshake step holds the object: waiting for them could hang the exit. */
 void rs_sock_at_exit(struct rs_sock *s)
 {
+    __atomic_store_n(&exiting, 1, __ATOMIC_RELAXED);
     if (rs_sock_state(s) == RS_RING) {
         if (directions_free(s->conn)) end_stream(s);
         let_go(s);
@@ -307,7 +344,7 @@ static void destroy(struct rs_sock *s)
         /* A transport with objects of the control plane (rdma: its verbs objects) has them
          * released, its last WRITEs first, before the memory is unmapped.  After fork they
          * belong to the parent: the child only drops its copy. */
-        if (!s->forked && s->conn->ops->host_objects && rs_host && rs_host->release) rs_host->release(s->conn);
+        if (!forked(s) && s->conn->ops->host_objects && rs_host && rs_host->release) rs_host->release(s->conn);
         rs_conn_free(s->conn);
         break;
     case RS_PRE_RX:
@@ -316,7 +353,7 @@ static void destroy(struct rs_sock *s)
     case RS_CLIENT_HS:
         /* The server's answer may arrive after the close and provoke a reset, which would
          * overtake the end of what we sent: our FIN goes first, as TCP's close sends it. */
-        if (!s->forked && !s->passed) rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
+        if (!forked(s) && !s->passed) rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
         if (rs_host && rs_host->drop) rs_host->drop(s->handle);
         break;
     case RS_SERVER_HS:
@@ -424,12 +461,10 @@ static void settle_clients_before_fork(void)
 {
     struct rs_sock **todo = NULL;
     size_t n = 0, cap = 0;
-    pthread_mutex_lock(&pool_lock);                /* a reference first: then nothing frees it */
+    pthread_mutex_lock(&pool_lock);
+    /* A reference first: then nothing frees it, and an object still being made (no
+     * reference yet) is not looked at. */
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
-        int st = rs_sock_state(s);
-        if ((st != RS_CLIENT_HS && (st != RS_RING || s->role != RS_ROLE_CLIENT)) ||
-            __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE))
-            continue;
         if (n == cap) {
             struct rs_sock **more = realloc(todo, (cap = cap ? 2 * cap : 8) * sizeof *more);
             if (!more) break;
@@ -440,30 +475,42 @@ static void settle_clients_before_fork(void)
     pthread_mutex_unlock(&pool_lock);
     uint64_t deadline = rs_settle_deadline();
     for (size_t i = 0; i < n; i++) {
-        rs_sock_finish_client(todo[i], deadline);
-        rs_sock_put(todo[i]);                       /* outside pool_lock: a last put destroys */
+        struct rs_sock *s = todo[i];
+        int st = rs_sock_state(s);
+        if ((st == RS_CLIENT_HS || (st == RS_RING && s->role == RS_ROLE_CLIENT)) &&
+            !__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE))
+            rs_sock_finish_client(s, deadline);
+        rs_sock_put(s);                             /* outside pool_lock: a last put destroys */
     }
     free(todo);
 }
 
+/* fork_prepare: the gate stays held until the fork is done (rs_sock_after_fork_parent,
+ * rs_sock_after_fork_child). */
 void rs_sock_mark_all_forked(void)
 {
     settle_clients_before_fork();
+    pthread_mutex_lock(&fork_gate);
     pthread_mutex_lock(&pool_lock);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
-        if (!__atomic_load_n(&s->refs, __ATOMIC_RELAXED) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
-        if (s->holders) __atomic_add_fetch(&s->holders->count, 1, __ATOMIC_ACQ_REL);
-        else if (!s->forked) s->holders = holders_new(2);           /* this process and the child */
-        s->forked = 1;
+        if (!__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
+        struct holders *h = __atomic_load_n(&s->holders, __ATOMIC_ACQUIRE);
+        if (h) __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL);
+        else if (!__atomic_load_n(&s->forked, __ATOMIC_ACQUIRE))
+            __atomic_store_n(&s->holders, holders_new(2), __ATOMIC_RELEASE);    /* this process and the child */
+        __atomic_store_n(&s->forked, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&pool_lock);
 }
+
+void rs_sock_after_fork_parent(void) { pthread_mutex_unlock(&fork_gate); }
 
 /* In the child, only the thread that forked exists: calls other threads had in progress
  * will never end, and locks they held will never be released. */
 void rs_sock_after_fork_child(void)
 {
     pthread_mutex_init(&pool_lock, NULL);
+    pthread_mutex_init(&fork_gate, NULL);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
         uint64_t r = __atomic_load_n(&s->refs, __ATOMIC_RELAXED);
         if (!r) continue;
@@ -502,7 +549,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     } else {
         rs_bells_drop_own(c);                   /* no hook of ours adds it to an epoll instance */
     }
-    s->forked = 0;                              /* made in this process: nobody else has the ring */
+    __atomic_store_n(&s->forked, 0, __ATOMIC_RELEASE);   /* made here: nobody else has the ring */
     rs_hold_list(c);                            /* its hold may be filled by any waiting writer */
 }
 
@@ -564,8 +611,10 @@ static int step(struct rs_sock *s, int wait_ms, int try_only)
         if (res < 0) {
             set_broken(s, -res);
         } else if (res == RS_STEP_RING) {
+            pthread_mutex_lock(&fork_gate);
             adopt_ring(s, (rs_conn *)out[0]);
             __atomic_store_n(&s->state, RS_RING, __ATOMIC_RELEASE);
+            pthread_mutex_unlock(&fork_gate);
         } else if (res == RS_STEP_PRE_RX) {
             s->conn = (rs_conn *)out[0];
             s->conn->fd = s->fd;

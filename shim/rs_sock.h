@@ -106,7 +106,8 @@ struct rs_sock {
 };
 
 /* Lifetime */
-struct rs_sock *rs_sock_new(int fd, int state);   /* one holder (fd), no call */
+/* One holder (fd), no call.  Complete when it appears: fork's settle walks every object. */
+struct rs_sock *rs_sock_new(int fd, int state, int handle, int role);
 struct rs_sock *rs_sock_ref(struct rs_sock *s);   /* a call on a socket already referenced */
 void rs_sock_put(struct rs_sock *s);              /* ends a call */
 void rs_sock_hold(struct rs_sock *s, int fd);     /* another application number refers here */
@@ -114,6 +115,7 @@ void rs_sock_hold(struct rs_sock *s, int fd);     /* another application number 
  * its hold; the caller closes fd afterwards. */
 void rs_sock_release_fd(struct rs_sock *s, int fd);
 void rs_sock_mark_all_forked(void);
+void rs_sock_after_fork_parent(void);
 void rs_sock_at_exit(struct rs_sock *s);          /* exit: ends the stream as close would */
 void rs_sock_after_fork_child(void);
 int  rs_sock_try_get(struct rs_sock *s);          /* a call on an object that may be dying: 1 ok */

@@ -1,8 +1,9 @@
 """Threads behave as they do with kernel sockets (issue 15, point 2).
 
 tests/c/threads.c races close/shutdown against blocked recv/send/poll/epoll_wait,
-epoll_ctl against epoll_wait, dup2/dup3 onto a socket another thread sends on, and fork
-while other threads are inside calls.  Each scenario runs under the preload library as
+epoll_ctl against epoll_wait, dup2/dup3 onto a socket another thread sends on, fork
+while other threads are inside calls, and a forking server's fork against its own
+process's connect.  Each scenario runs under the preload library as
 built, and under AddressSanitizer (+UBSan) and ThreadSanitizer builds of the library and
 the program: a sanitizer report, a crash, a hang or a result TCP would not give fails.
 """
@@ -16,7 +17,7 @@ import sanitizers
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "c", "threads.c")
 SCENARIOS = ["close_vs_recv", "shutdown_wakes_recv", "close_vs_send", "close_vs_wait", "epoll_ctl_vs_wait",
-             "dup_onto_busy", "fork_in_calls"]
+             "dup_onto_busy", "fork_in_calls", "fork_vs_connect"]
 VARIANTS = ["plain", "asan", "tsan"]
 PROGRAM_FLAGS = {"tsan": ["-DRS_DIRECT", "-ldl"]}     # see RS_DIRECT in tests/c/threads.c
 

@@ -49,23 +49,22 @@ static const struct rs_host_ops api_host = {
  * so that only the last process to let go of it ends its stream (a forking server's
  * parent closes its copy at once); the child forgets calls of threads it does not have. */
 static void api_fork_prepare(void) { rs_sock_mark_all_forked(); }
+static void api_fork_parent(void) { rs_sock_after_fork_parent(); }
 static void api_fork_child(void) { rs_sock_after_fork_child(); }
 
 void rs_api_install(void)
 {
     static int once;
     rs_host = &api_host;
-    if (!__atomic_exchange_n(&once, 1, __ATOMIC_ACQ_REL)) pthread_atfork(api_fork_prepare, NULL, api_fork_child);
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_ACQ_REL)) pthread_atfork(api_fork_prepare, api_fork_parent, api_fork_child);
 }
 
 /* ---- objects ------------------------------------------------------------------------ */
 
 struct rs_sock *rs_api_new(int fd, int state, int handle, int role)
 {
-    struct rs_sock *s = rs_sock_new(fd, state);
+    struct rs_sock *s = rs_sock_new(fd, state, handle, role);
     if (!s) return NULL;
-    s->handle = handle;
-    s->role = (uint8_t)role;
     s->nonblock = 0;              /* Python's timeout travels with each call */
     s->kernel_readiness = 1;      /* select/selectors/asyncio wait on the kernel socket */
     return s;

@@ -27,7 +27,6 @@ static struct {
                                              * the template of its accepted sockets (struct rs_answer) */
     void (*unlisten)(int, int);
     int (*connect_plan)(int, const void *, int);
-    void (*hello)(int);
     int (*accept)(int, int, uintptr_t);  /* and how the HELLO may be answered in C (struct rs_answer) */
     int (*accept_late)(int);             /* on a duplicate the engine owns */
     void (*drop)(int, int);              /* a handshake nobody finishes; 1: its descriptor is closed already */
@@ -116,12 +115,12 @@ static int engine_load(void)
     }
 #define SYM(field, name) *(void **)&eng.field = dlsym(h, name)
     SYM(boot, "rse_boot"); SYM(status, "rse_status"); SYM(listen, "rse_listen"); SYM(unlisten, "rse_unlisten");
-    SYM(connect_plan, "rse_connect_plan"); SYM(hello, "rse_hello"); SYM(accept, "rse_accept");
+    SYM(connect_plan, "rse_connect_plan"); SYM(accept, "rse_accept");
     SYM(accept_late, "rse_accept_late");
     SYM(drop, "rse_drop"); SYM(step, "rse_step"); SYM(plain, "rse_plain");
     SYM(release, "rse_release"); SYM(fell_back, "rse_fell_back"); SYM(fork_settle, "rse_fork_settle");
     SYM(fork_pending, "rse_fork_pending");
-    if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.hello || !eng.accept ||
+    if (!eng.boot || !eng.status || !eng.listen || !eng.unlisten || !eng.connect_plan || !eng.accept ||
         !eng.accept_late ||
         !eng.drop || !eng.step || !eng.plain || !eng.release || !eng.fell_back || !eng.fork_settle ||
         !eng.fork_pending) {
@@ -305,7 +304,6 @@ int rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len)
     if (rs_engine_ready()) CALL(r = eng.connect_plan(fd, sa, (int)len));
     return r;
 }
-void rs_br_hello(int handle) { if (rs_engine_loaded()) CALL(eng.hello(handle)); }
 int rs_br_accept(int lfd, int fd, struct rs_answer *answer)
 {
     int r = 0;

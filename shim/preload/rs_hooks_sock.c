@@ -34,6 +34,7 @@ static pid_t our_pid;
 int rs_memory_shared_child(void) { return (pid_t)rs_syscall(SYS_getpid) != __atomic_load_n(&our_pid, __ATOMIC_RELAXED); }
 
 static void fork_prepare(void) { rs_sock_mark_all_forked(); }
+static void fork_parent(void) { rs_sock_after_fork_parent(); }
 static void fork_child(void)
 {
     __atomic_store_n(&our_pid, (pid_t)rs_syscall(SYS_getpid), __ATOMIC_RELAXED);
@@ -44,7 +45,7 @@ __attribute__((constructor)) static void hooks_init(void)
 {
     rs_real_init();
     __atomic_store_n(&our_pid, (pid_t)rs_syscall(SYS_getpid), __ATOMIC_RELAXED);
-    pthread_atfork(fork_prepare, NULL, fork_child);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 /* exit() and _exit(): the kernel closes every descriptor next, without our close hook.
@@ -79,9 +80,8 @@ RS_EXPORT void _Exit(int status) __attribute__((alias("_exit")));
  * row, released when it closes. */
 static void track_plain(int fd, int role, int reason)
 {
-    struct rs_sock *s = rs_track(fd, RS_PLAIN);
+    struct rs_sock *s = rs_track(fd, RS_PLAIN, -1, role);
     if (!s) return;
-    s->role = (uint8_t)role;
     s->stat = rs_stat_open(fd, role, RS_TRANSPORT_TCP, reason);
     rs_sock_put(s);
 }
@@ -102,15 +102,13 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
         rs_br_plain(fd, -handle);
     }
     if (handle > 0) {
-        struct rs_sock *s = r == 0 || e == EINPROGRESS ? rs_track(fd, RS_CLIENT_HS) : NULL;
+        struct rs_sock *s = r == 0 || e == EINPROGRESS ? rs_track(fd, RS_CLIENT_HS, handle, RS_ROLE_CLIENT) : NULL;
         if (!s) {
             rs_br_drop(handle);
         } else {
-            s->handle = handle;
-            s->role = RS_ROLE_CLIENT;
             s->ep_unknown = !rs_ep_adopt(fd);
             s->hello_pending = r != 0;
-            if (r == 0) rs_br_hello(handle);
+            if (r == 0) rs_sock_step(s, 0);         /* the HELLO leaves (rs_sock.c step) */
             rs_sock_put(s);
         }
     }
@@ -130,13 +128,12 @@ static int bound_port(int fd)
 /* fd listens under `handle` (its name's, if any): a listener of ours from now on. */
 static void track_listener(int fd, int handle, struct rs_answer **tpl)
 {
-    struct rs_sock *s = rs_track(fd, RS_LISTEN);
+    struct rs_sock *s = rs_track(fd, RS_LISTEN, handle, 0);
     if (!s) {
         rs_br_unlisten(handle);
         return;
     }
     pthread_mutex_lock(&s->lock);
-    s->handle = handle;
     if (*tpl && (*tpl)->name_len) { s->answer = *tpl; *tpl = NULL; }
     pthread_mutex_unlock(&s->lock);
     rs_sock_put(s);
@@ -185,7 +182,7 @@ static struct rs_sock *listener_of(int lfd)
         if (handle > 0) {
             track_listener(lfd, handle, &tpl);
         } else {
-            struct rs_sock *p = rs_track(lfd, RS_PLAIN);
+            struct rs_sock *p = rs_track(lfd, RS_PLAIN, -1, 0);
             if (p) rs_sock_put(p);
         }
         free(tpl);
@@ -237,11 +234,9 @@ void rs_adopt_accepted(int lfd, int fd)
     int plan = answer ? plan_from_listener(lfd, fd, answer) : RS_PLAN_ASK;
     int handle = plan == RS_PLAN_ASK ? rs_br_accept(lfd, fd, answer) : plan == RS_PLAN_PLAIN ? -RS_REASON_PEER_NOT_RDMASOCK : 0;
     if (handle > 0 || plan == RS_PLAN_HANDSHAKE) {
-        struct rs_sock *s = rs_track(fd, RS_SERVER_HS);
+        struct rs_sock *s = rs_track(fd, RS_SERVER_HS, handle, RS_ROLE_SERVER);
         if (s) {
             pthread_mutex_lock(&s->lock);
-            s->handle = handle;
-            s->role = RS_ROLE_SERVER;
             if (answer && answer->name_len) { s->answer = answer; answer = NULL; }
             pthread_mutex_unlock(&s->lock);
             rs_sock_put(s);

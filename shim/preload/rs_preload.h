@@ -100,7 +100,7 @@ extern int rs_ntracked;                     /* tracked descriptors: 0 lets waits
 static inline int rs_tracking(void) { return __atomic_load_n(&rs_ntracked, __ATOMIC_RELAXED) != 0; }
 struct rs_sock *rs_sock_of(int fd);         /* with a call reference (rs_sock_put), or NULL */
 int  rs_is_tracked(int fd);
-struct rs_sock *rs_track(int fd, int state);    /* a new socket at fd, with a call reference */
+struct rs_sock *rs_track(int fd, int state, int handle, int role);  /* a new socket at fd, with a call reference */
 void rs_untrack(int fd);                    /* fd is closed (or replaced) */
 void rs_untrack_range(unsigned first, unsigned last);     /* close_range */
 void rs_forget_reused(int fd);              /* fd was closed unseen and is now another file */
@@ -131,7 +131,6 @@ int  rs_engine_loaded(void);
 /* > 0: a handle for rs_sock (RS_LISTEN); *tpl filled if C may plan its accepted sockets */
 int  rs_br_listen(int fd, struct rs_answer *tpl);
 int  rs_br_connect_plan(int fd, const struct sockaddr *sa, socklen_t len);
-void rs_br_hello(int handle);
 /* The control plane fills *answer if the HELLO may be answered in C (struct rs_answer). */
 int  rs_br_accept(int lfd, int fd, struct rs_answer *answer);
 void rs_br_drop(int handle);

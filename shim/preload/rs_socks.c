@@ -37,9 +37,9 @@ static void drop(int fd, struct rs_sock *old, int open)
     }
 }
 
-struct rs_sock *rs_track(int fd, int state)
+struct rs_sock *rs_track(int fd, int state, int handle, int role)
 {
-    struct rs_sock *s = rs_sock_new(fd, state);
+    struct rs_sock *s = rs_sock_new(fd, state, handle, role);
     if (!s) return NULL;
     struct rs_sock *old = rs_fdmap_swap(&socks, fd, s);
     if (old == RS_FDMAP_FAIL) {                       /* no memory for the map */

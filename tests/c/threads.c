@@ -442,6 +442,74 @@ static void fork_in_calls(void)
     printf("ok %s\n", scenario);
 }
 
+/* ---- fork racing a connect ----------------------------------------------------------- */
+
+/* A forking server in the same process as its client (Python's ForkingTCPServer under
+ * test, a test harness): a server thread accepts and forks; the child echoes one line
+ * and exits, the parent closes its copy.  Each fork settles the client handshakes under
+ * way, so it races the client thread's connect for the same socket: both once sent a
+ * HELLO, and the child read the second as a garbage preamble frame (EPROTO). */
+#define FORK_ROUNDS 40
+
+static void *forking_server(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < FORK_ROUNDS; i++) {
+        int s = accept(lfd, NULL, NULL);
+        if (s < 0) fail("accept: %s", strerror(errno));
+        pid_t pid = fork();
+        if (pid < 0) fail("fork: %s", strerror(errno));
+        if (pid == 0) {
+            alarm(20);
+            char line[64];
+            size_t n = 0;
+            while (n < sizeof line && (n == 0 || line[n - 1] != '\n')) {
+                ssize_t r = read(s, line + n, sizeof line - n);
+                if (r <= 0) _exit(r < 0 ? 10 + (errno & 0x7f) : 9);
+                n += (size_t)r;
+            }
+            if (write(s, line, n) != (ssize_t)n) _exit(8);
+            shutdown(s, SHUT_WR);
+            close(s);
+            _exit(0);
+        }
+        close(s);
+    }
+    return NULL;
+}
+
+static void fork_vs_connect(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, forking_server, NULL);
+    struct sockaddr_in a;
+    socklen_t l = sizeof a;
+    getsockname(lfd, (struct sockaddr *)&a, &l);
+    static const char msg[] = "hello world\n";
+    int bad = 0;
+    for (int i = 0; i < FORK_ROUNDS; i++) {
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (struct sockaddr *)&a, sizeof a)) fail("connect: %s", strerror(errno));
+        char buf[64];
+        if (write(c, msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) fail("write: %s", strerror(errno));
+        ssize_t n = read_full(c, buf, sizeof msg - 1);
+        if (n != (ssize_t)sizeof msg - 1 || memcmp(buf, msg, sizeof msg - 1)) {
+            printf("connection %d: %zd bytes back\n", i, n);
+            bad++;
+        }
+        close(c);
+    }
+    pthread_join(t, NULL);
+    for (int i = 0; i < FORK_ROUNDS; i++) {
+        int st = 0;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) fail("waitpid: %s", strerror(errno));
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) { printf("child %d: status 0x%x\n", (int)p, st); bad++; }
+    }
+    if (bad) fail("%d of %d echoes or children failed", bad, FORK_ROUNDS);
+    printf("ok %s\n", scenario);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) { fprintf(stderr, "usage: threads SCENARIO\n"); return 2; }
@@ -458,6 +526,7 @@ int main(int argc, char **argv)
     else if (!strcmp(scenario, "epoll_ctl_vs_wait")) epoll_ctl_vs_wait();
     else if (!strcmp(scenario, "dup_onto_busy")) dup_onto_busy();
     else if (!strcmp(scenario, "fork_in_calls")) fork_in_calls();
+    else if (!strcmp(scenario, "fork_vs_connect")) fork_vs_connect();
     else { fprintf(stderr, "unknown scenario %s\n", scenario); return 2; }
     return 0;
 }
