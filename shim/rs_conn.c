@@ -142,8 +142,11 @@ static uint64_t silent_changes;
 void rs_note_silent_change(void) { __atomic_add_fetch(&silent_changes, 1, __ATOMIC_SEQ_CST); }
 uint64_t rs_silent_changes(void) { return __atomic_load_n(&silent_changes, __ATOMIC_SEQ_CST); }
 
+void (*rs_conn_failed)(const rs_conn *c);
+
 /* Records the first error only: later failures are consequences of it.  Any thread may
- * call it: one wins, writes the message, then publishes the error. */
+ * call it: one wins, writes the message, then publishes the error, and the host says it
+ * where its user looks (rs_conn_failed). */
 void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
 {
     if (RS_GET(c->err) || __atomic_exchange_n(&c->err_claimed, 1, __ATOMIC_ACQ_REL)) return;
@@ -153,6 +156,7 @@ void rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...)
     va_end(ap);
     RS_SET(c->err, err);
     rs_note_silent_change();
+    if (rs_conn_failed) rs_conn_failed(c);
 }
 
 /* The peer reset the connection.  TCP reports that once (ECONNRESET), to whichever call

@@ -236,6 +236,9 @@ size_t   rs_conn_rx_ancillary(rs_conn *c, int fd, void *ctl, size_t room, int *t
 void     rs_conn_sockopt_set(rs_conn *c);       /* the program set an option: look again */
 long     rs_fd_recv(int fd, void *buf, size_t n, int flags);
 void     rs_conn_set_error(rs_conn *c, int err, const char *fmt, ...);
+/* Set by a host whose user would not see a connection's error otherwise (the preload
+ * library: its log); the Python API raises it with the message instead. */
+extern void (*rs_conn_failed)(const rs_conn *c);
 void     rs_note_silent_change(void);
 uint64_t rs_silent_changes(void);
 

@@ -74,5 +74,9 @@ def test_hostile_peer(victim, victim_role, mode, tmp_path):
     assert int(stats["sessions"]) >= 3 and int(stats["calls"]) > 100, report
     errors = {e.split(":")[0] for e in stats["errors"].split(",") if e}
     assert errors <= CLEAN_ERRORS, report
+    if "EPROTO" in errors:                  # and the log says why, with the connection's addresses
+        with open(log) as f:
+            said = [line for line in f if "error=EPROTO rdmasock: " in line and " peer=127.0.0.1:" in line]
+        assert said, "no log line for the EPROTO the program saw\n" + report
     upgraded = sum(1 for line in pout.splitlines() if "writes" in line)
     assert upgraded >= 3, "the peer attacked only %d upgraded connections\n%s" % (upgraded, report)

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -351,7 +352,7 @@ void rs_log_connection(int fd, const char *role, const char *what)
     char local[NI_MAXHOST + 16] = "-", peer[NI_MAXHOST + 16] = "-", text[2 * NI_MAXHOST + 256];
     if (rs_syscall(SYS_getsockname, fd, &l, &ll) == 0) addr_text(&l, ll, local, sizeof local);
     if (rs_syscall(SYS_getpeername, fd, &p, &pl) == 0) addr_text(&p, pl, peer, sizeof peer);
-    snprintf(text, sizeof text, "role=%s local=%s peer=%s %s", role, local, peer, what);
+    snprintf(text, sizeof text, "%s%s%slocal=%s peer=%s %s", role ? "role=" : "", role ? role : "", role ? " " : "", local, peer, what);
     rs_log_direct(text);
 }
 
@@ -394,8 +395,21 @@ static void names_after_fork(void)
     pthread_mutex_init(&answered_lock, NULL);
 }
 
+/* A connection's error, as the program sees it (errno) and why (rs_conn_set_error): a
+ * line at every log level but off.  A corrupt frame or a garbage preamble would otherwise
+ * show only as EPROTO in the program, if it reports it at all. */
+static void log_failure(const rs_conn *c)
+{
+    if (!strcasecmp(rs_config_get(RS_CFG_LOG_LEVEL), "off")) return;
+    const char *name = strerrorname_np(c->err);
+    char what[RS_ERRMSG_LEN + 64];
+    snprintf(what, sizeof what, "error=%s %s", name ? name : "?", c->errmsg);
+    rs_log_connection(c->fd, NULL, what);
+}
+
 __attribute__((constructor)) static void bridge_init(void)
 {
     rs_host = &preload_host;
+    rs_conn_failed = log_failure;
     pthread_atfork(NULL, NULL, names_after_fork);
 }

@@ -138,7 +138,7 @@ void rs_br_unlisten(int handle);           /* a listener's name, given up */
 void rs_br_plain(int fd, int reason);
 void rs_log_direct(const char *text);     /* "TIME pid=N text" to RDMASOCK_LOG_FILE, from C */
 /* "role=ROLE local=A peer=B WHAT", the engine's connection line, from C */
-void rs_log_connection(int fd, const char *role, const char *what);
+void rs_log_connection(int fd, const char *role, const char *what);   /* role NULL: not said */
 
 /* ---- rs_ready.c ------------------------------------------------------------------ */
 struct rs_sock *rs_waited_sock(int fd);    /* fd's tracked socket, any state: referenced */
