@@ -70,9 +70,12 @@ struct rs_sock *rs_sock_new(int fd, int state, int handle, int role)
         }
         capfds = 2;
     }
-    /* refs stays 0 until everything else is in place: a stale rs_sock_try_get sees 0 */
+    /* refs stays 0 until everything else is in place: a stale rs_sock_try_get sees 0.
+     * all_next is cleared and put back under pool_lock: the list's walkers read it. */
+    pthread_mutex_lock(&pool_lock);
     memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
     s->all_next = all_next;
+    pthread_mutex_unlock(&pool_lock);
     s->gen = gen;
     s->fds = fds;
     s->capfds = capfds;
@@ -451,11 +454,47 @@ void rs_sock_finish_client(struct rs_sock *s, uint64_t deadline)
 }
 
 /* A server answers at once when it serves the connection: a millisecond or two.  Not the
- * whole handshake timeout: the answer may be this very fork's to make (a forking server
- * in the same process as the client, whose child answers), and the fork would then stall
- * that long for nothing. */
+ * whole handshake timeout: the server may not be reading (busy, or a process that does not
+ * serve the connection yet), and the fork would stall that long.  Nor at all when the
+ * server's end is in this process, unanswered (answer_due_here). */
 #define RS_SETTLE_MS 200
 uint64_t rs_settle_deadline(void) { return rs_now_ns() + RS_SETTLE_MS * 1000000ull; }
+
+/* An INET endpoint as 18 bytes: the IPv6 address (IPv4 mapped) and the port.  0 if none. */
+static int endpoint(int fd, int peer, uint8_t out[18])
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (rs_syscall(peer ? SYS_getpeername : SYS_getsockname, fd, &ss, &sl) < 0) return 0;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+        memset(out, 0, 10);
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &in->sin_addr, 4);
+        memcpy(out + 16, &in->sin_port, 2);
+        return 1;
+    }
+    if (ss.ss_family != AF_INET6) return 0;
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+    memcpy(out, &in6->sin6_addr, 16);
+    memcpy(out + 16, &in6->sin6_port, 2);
+    return 1;
+}
+
+/* Is the server's end of client connection c a socket of this process that has not
+ * answered the HELLO (one of all[0..n))?  Then the answer is this process's own to make,
+ * or the fork's child's (a forking server whose client runs in the same process, as in a
+ * test harness): waiting for it would only stall the fork. */
+static int answer_due_here(struct rs_sock *c, struct rs_sock **all, size_t n)
+{
+    uint8_t cl[18], cp[18], sl[18], sp[18];
+    if (!endpoint(c->fd, 0, cl) || !endpoint(c->fd, 1, cp)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (rs_sock_state(all[i]) == RS_SERVER_HS && endpoint(all[i]->fd, 0, sl) && !memcmp(sl, cp, 18) &&
+            endpoint(all[i]->fd, 1, sp) && !memcmp(sp, cl, 18))
+            return 1;
+    return 0;
+}
 
 static void settle_clients_before_fork(void)
 {
@@ -478,7 +517,7 @@ static void settle_clients_before_fork(void)
         struct rs_sock *s = todo[i];
         int st = rs_sock_state(s);
         if ((st == RS_CLIENT_HS || (st == RS_RING && s->role == RS_ROLE_CLIENT)) &&
-            !__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE))
+            !__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE) && !(st == RS_CLIENT_HS && answer_due_here(s, todo, n)))
             rs_sock_finish_client(s, deadline);
         rs_sock_put(s);                             /* outside pool_lock: a last put destroys */
     }
