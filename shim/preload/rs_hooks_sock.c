@@ -106,8 +106,11 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
         if (!s) {
             rs_br_drop(handle);
         } else {
-            s->ep_unknown = !rs_ep_adopt(fd);
+            int ep_unknown = !rs_ep_adopt(fd);
+            pthread_mutex_lock(&s->lock);             /* a fork's settling may step it already */
+            s->ep_unknown = (uint8_t)ep_unknown;
             s->hello_pending = r != 0;
+            pthread_mutex_unlock(&s->lock);
             if (r == 0) rs_sock_step(s, 0);         /* the HELLO leaves (rs_sock.c step) */
             rs_sock_put(s);
         }
