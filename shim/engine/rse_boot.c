@@ -165,6 +165,32 @@ static PyObject *swap_stderr(PyObject *to)
     return old;
 }
 
+/* cffi's start-up (cffi_start_python) takes a spin lock made of PyCapsule_Type's
+ * tp_version_tag on Pythons 3.8 to 3.11: it waits for the tag to be 0.  The tag stays 0
+ * only until something looks up an attribute of a capsule through the method cache
+ * (mock, inspect, dir() over a module with a C API capsule: asyncio's own tests do), and
+ * then cffi spins forever, at the program's first socket.  So the tag is cleared for
+ * cffi's start-up, with the GIL held, and put back after: meanwhile a lookup only misses
+ * the method cache.  Compare-and-swap, both ways: another cffi module starting at the same
+ * time holds the lock with its own value, which must not be overwritten. */
+#if PY_VERSION_HEX >= 0x03080000 && PY_VERSION_HEX < 0x030C0000
+static unsigned int capsule_tag_clear(void)
+{
+    unsigned int tag = __atomic_load_n(&PyCapsule_Type.tp_version_tag, __ATOMIC_ACQUIRE);
+    if (tag == 0 || tag == (unsigned int)-42) return 0;           /* -42: cffi's own lock value */
+    return __atomic_compare_exchange_n(&PyCapsule_Type.tp_version_tag, &tag, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
+               ? tag : 0;
+}
+static void capsule_tag_restore(unsigned int tag)
+{
+    unsigned int zero = 0;
+    if (tag) __atomic_compare_exchange_n(&PyCapsule_Type.tp_version_tag, &zero, tag, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+#else
+static unsigned int capsule_tag_clear(void) { return 0; }
+static void capsule_tag_restore(unsigned int tag) { (void)tag; }
+#endif
+
 __attribute__((visibility("default"))) int rse_boot(const char *exe, const char *root, char *why, int whylen)
 {
     char want[16];
@@ -200,12 +226,14 @@ __attribute__((visibility("default"))) int rse_boot(const char *exe, const char 
         rc = -1;
     }
     if (rc == 0) saved = swap_stderr(capture);
+    unsigned int capsule_tag = rc == 0 ? capsule_tag_clear() : 0;
     PyGILState_Release(g);
     if (rc < 0) return -1;
 
     int started = cffi_start_python();
 
     g = PyGILState_Ensure();
+    capsule_tag_restore(capsule_tag);
     swap_stderr(saved);
     Py_XDECREF(saved);
     if (started != 0) {
