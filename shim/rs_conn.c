@@ -87,6 +87,7 @@ void rs_conn_set_ring(rs_conn *c, uint32_t ring_size, int windowed)
     c->mask = ring_size - 1;
     c->max_payload = rs_max_payload(ring_size);
     c->tx.window = !windowed || ring_size < RS_WINDOW_MIN ? ring_size : RS_WINDOW_MIN;
+    c->tx.window_max = ring_size;
     c->rx.credit_lag = c->tx.window / 4;      /* the peer's window starts as ours, until its WRAPs show it */
 }
 

@@ -63,7 +63,7 @@ static inline uint32_t tx_lap_left(rs_conn *c) { return c->ring_size - (uint32_t
 
 static inline int tx_grow(rs_conn *c)
 {
-    if (c->tx.window >= c->ring_size) return 0;
+    if (c->tx.window >= __atomic_load_n(&c->tx.window_max, __ATOMIC_RELAXED)) return 0;
     c->tx.window *= 2;
     return 1;
 }
@@ -163,6 +163,14 @@ static ssize_t write_to_gone(rs_conn *c, size_t len)
     int r = peer_gone(c);
     if (r != -EPIPE || c->tx.wrote_to_gone) return r;
     c->tx.wrote_to_gone = 1;
+    /* ... and only what its send buffer holds: a program writing megabytes at once must
+     * not see them all taken by a peer that is gone */
+    int sndbuf = 0;
+    socklen_t l = sizeof sndbuf;
+    if (rs_syscall(SYS_getsockopt, rs_fd_enter(c), SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) == 0 && sndbuf > 0 &&
+        (size_t)sndbuf < len)
+        len = (size_t)sndbuf;
+    rs_fd_leave(c);
     return (ssize_t)len;
 }
 

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -564,6 +565,44 @@ void rs_sock_after_fork_child(void)
 
 static int roles[] = { [RS_CLIENT_HS] = RS_ROLE_CLIENT, [RS_SERVER_HS] = RS_ROLE_SERVER };
 
+/* The send buffer a new TCP socket gets (tcp_wmem's default), read once; 0 if unknown. */
+static int default_sndbuf(void)
+{
+    static int v = -1;
+    int cur = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (cur >= 0) return cur;
+    char buf[64] = "";
+    int fd = (int)rs_syscall(SYS_openat, AT_FDCWD, "/proc/sys/net/ipv4/tcp_wmem", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        long n = rs_syscall(SYS_read, fd, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        rs_syscall(SYS_close, fd);
+    }
+    int lo = 0, def = 0;
+    cur = sscanf(buf, "%d %d", &lo, &def) == 2 && def > 0 ? def : 0;
+    __atomic_store_n(&v, cur, __ATOMIC_RELAXED);
+    return cur;
+}
+
+/* What TCP keeps in flight is bounded by the send buffer the program sized (SO_SNDBUF, and
+ * the peer's receive buffer): a program that makes it small expects its writes to wait,
+ * and to fail once the peer is gone, that much sooner (asyncio's sendfile tests do).  So
+ * the ring's window grows only to the kernel's size of that buffer (at least the first
+ * window), never shrinking one already grown.  The program's setsockopt is seen by the
+ * hooks; a socket whose buffer was sized before (before connect, on its listener) shows
+ * a size other than the default a new socket gets.  An rdma ring is whole from the start. */
+static void cap_window(struct rs_sock *s, int set_by_program)
+{
+    int v = 0;
+    socklen_t l = sizeof v;
+    if (!s->conn || rs_syscall(SYS_getsockopt, s->fd, SOL_SOCKET, SO_SNDBUF, &v, &l) < 0 || v <= 0) return;
+    if (!set_by_program && (v == default_sndbuf() || !default_sndbuf())) return;
+    uint32_t cap = RS_WINDOW_MIN;
+    while (cap < (uint32_t)v && cap < s->conn->ring_size) cap *= 2;
+    if (cap > s->conn->ring_size) cap = s->conn->ring_size;
+    __atomic_store_n(&s->conn->tx.window_max, cap, __ATOMIC_RELAXED);
+}
+
 /* Makes the connection the control plane built this socket's own (caller holds lock). */
 static void adopt_ring(struct rs_sock *s, rs_conn *c)
 {
@@ -588,6 +627,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     } else {
         rs_bells_drop_own(c);                   /* no hook of ours adds it to an epoll instance */
     }
+    cap_window(s, s->sndbuf_set);
     __atomic_store_n(&s->forked, 0, __ATOMIC_RELEASE);   /* made here: nobody else has the ring */
     rs_hold_list(c);                            /* its hold may be filled by any waiting writer */
 }
@@ -1034,6 +1074,10 @@ void rs_sock_flags_seen(struct rs_sock *s, int fl)
 void rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len)
 {
     if (s->conn) rs_conn_sockopt_set(s->conn);        /* receive options (timestamps, TCP_INQ) */
+    if (level == SOL_SOCKET && name == SO_SNDBUF) {
+        s->sndbuf_set = 1;
+        if (rs_sock_state(s) == RS_RING) cap_window(s, 1);
+    }
     if (level != SOL_SOCKET || (name != SO_RCVTIMEO && name != SO_SNDTIMEO) || !val || len < sizeof(struct timeval))
         return;
     const struct timeval *tv = val;

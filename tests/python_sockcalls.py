@@ -34,6 +34,10 @@ def serve(c):
         c.sendall(b"L")
     elif case == "silent":
         time.sleep(2 * DELAY)
+    elif case == "read_then_close":      # takes a little of a long stream, closes on the rest
+        c.recv(1024)
+        c.close()
+        return case
     elif case == "linger0":
         c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     time.sleep(0.05)
@@ -96,6 +100,16 @@ def client(port):
     time.sleep(0.3)
     out["reset"] = outcome(lambda: c.recv(1))
     out["after_reset"] = outcome(lambda: c.recv(1))
+    c.close()
+
+    # A writer with a small send buffer (SO_SNDBUF, set after connect as asyncio's tests do)
+    # whose peer reads a little and closes: its wait for room ends, and the stream fails,
+    # long before 4 MiB are written (over rdmasock: the ring holds no more than the buffer
+    # the program sized, and a wait for room wakes when the peer is gone).
+    c = conn("read_then_close")
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    c.settimeout(5)
+    out["small_sndbuf_peer_closes"] = outcome(lambda: c.sendall(b"x" * (4 << 20)))
     c.close()
 
     c = conn("late_byte")                # no urgent data pending: EINVAL, and the stream is intact

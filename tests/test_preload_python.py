@@ -48,12 +48,21 @@ def test_connections_were_upgraded(outcomes):
     assert log.count("role=client") >= 7 and log.count("transport=shm") >= 14, log
 
 
+# Which error ends a stream whose peer is gone depends on when the write meets the peer's
+# reset, over TCP too: ECONNRESET if it arrived before, EPIPE after the one reported.
+PEER_GONE = ("ConnectionResetError", "BrokenPipeError")
+
+
 def test_same_outcomes_as_kernel_sockets(outcomes):
     plain, (preloaded, _) = outcomes
-    assert _without_time(preloaded) == _without_time(plain)
+    gone = "small_sndbuf_peer_closes"
+    assert preloaded[gone].get("error") in PEER_GONE, preloaded[gone]
+    assert _without_time({k: v for k, v in preloaded.items() if k != gone}) == \
+        _without_time({k: v for k, v in plain.items() if k != gone})
     assert plain["so_rcvtimeo"]["errno"] == 11 and plain["reset"]["errno"] == 104
     assert plain["recv_oob"]["errno"] == 22 and plain["after_oob"]["result"] == "L"
     assert plain["default_timeout_blocking"]["result"] == "None True L"
+    assert plain["small_sndbuf_peer_closes"].get("error") in PEER_GONE
 
 
 @pytest.mark.parametrize("case", ["so_rcvtimeo", "settimeout"])

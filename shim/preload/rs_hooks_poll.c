@@ -25,6 +25,10 @@ static int collect(struct pollfd *fds, nfds_t n, struct rs_sock **socks, short *
     }
     int ready = 0;
     for (nfds_t i = 0; i < n; i++) {
+        /* The kernel's end of stream on an upgraded socket: its peer may be gone
+         * (rs_peer_gone decides), which makes it writable (the write fails) as over TCP.
+         * A wait for room alone would otherwise never learn it. */
+        if (socks[i] && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) rs_peer_gone(socks[i]->conn);
         /* urgent data comes only over TCP (rs_sock.c send_urgent): the kernel knows */
         if (socks[i]) fds[i].revents = rs_ring_revents(socks[i]->conn, want[i]) | (fds[i].revents & want[i] & POLLPRI);
         if (fds[i].revents) ready++;
