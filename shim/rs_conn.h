@@ -65,8 +65,9 @@ struct rs_tx {
     uint64_t records;
     uint32_t window;          /* records stay below this ring offset, then a WRAP: a connection
                                * that never waits for credit touches only these pages (rs_produce.c) */
-    uint32_t window_max;      /* how far it may grow: the ring, or the send buffer the program
-                               * sized (rs_sock.c cap_window; relaxed atomic) */
+    uint32_t window_max;      /* how far it may grow: the ring, or the first window for a
+                               * program that shrank its send buffer (rs_sock.c cap_window;
+                               * relaxed atomic) */
     uint8_t  fin_sent;        /* our FIN/RESET record written: writes fail with EPIPE */
     uint8_t  wrote_to_gone;   /* the one write TCP accepts after the peer closed was made */
     uint64_t full_stops;      /* non-blocking writes cut short by a full ring (relaxed): an

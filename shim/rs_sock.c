@@ -584,23 +584,20 @@ static int default_sndbuf(void)
     return cur;
 }
 
-/* What TCP keeps in flight is bounded by the send buffer the program sized (SO_SNDBUF, and
- * the peer's receive buffer): a program that makes it small expects its writes to wait,
- * and to fail once the peer is gone, that much sooner (asyncio's sendfile tests do).  So
- * the ring's window grows only to the kernel's size of that buffer (at least the first
- * window), never shrinking one already grown.  The program's setsockopt is seen by the
- * hooks; a socket whose buffer was sized before (before connect, on its listener) shows
- * a size other than the default a new socket gets.  An rdma ring is whole from the start. */
-static void cap_window(struct rs_sock *s, int set_by_program)
+/* What TCP keeps in flight is bounded by the send buffer (and the peer's receive buffer).
+ * A program that makes its send buffer smaller than a new socket's (SO_SNDBUF, on the
+ * socket, before connect or on its listener) expects its writes to wait, and to fail once
+ * the peer is gone, that much sooner (asyncio's sendfile tests do): its ring's window then
+ * stays at the first one, 16 KiB (rs_produce.c tx_grow), about what two such buffers hold.
+ * A larger buffer asks for more in flight, which the ring gives anyway.  An rdma ring is
+ * whole from the start. */
+static void cap_window(struct rs_sock *s)
 {
-    int v = 0;
+    int v = 0, def = default_sndbuf();
     socklen_t l = sizeof v;
     if (!s->conn || rs_syscall(SYS_getsockopt, s->fd, SOL_SOCKET, SO_SNDBUF, &v, &l) < 0 || v <= 0) return;
-    if (!set_by_program && (v == default_sndbuf() || !default_sndbuf())) return;
-    uint32_t cap = RS_WINDOW_MIN;
-    while (cap < (uint32_t)v && cap < s->conn->ring_size) cap *= 2;
-    if (cap > s->conn->ring_size) cap = s->conn->ring_size;
-    __atomic_store_n(&s->conn->tx.window_max, cap, __ATOMIC_RELAXED);
+    uint32_t cap = v < (def ? def : (int)RS_WINDOW_MIN) ? RS_WINDOW_MIN : s->conn->ring_size;
+    __atomic_store_n(&s->conn->tx.window_max, cap < s->conn->ring_size ? cap : s->conn->ring_size, __ATOMIC_RELAXED);
 }
 
 /* Makes the connection the control plane built this socket's own (caller holds lock). */
@@ -627,7 +624,7 @@ static void adopt_ring(struct rs_sock *s, rs_conn *c)
     } else {
         rs_bells_drop_own(c);                   /* no hook of ours adds it to an epoll instance */
     }
-    cap_window(s, s->sndbuf_set);
+    cap_window(s);
     __atomic_store_n(&s->forked, 0, __ATOMIC_RELEASE);   /* made here: nobody else has the ring */
     rs_hold_list(c);                            /* its hold may be filled by any waiting writer */
 }
@@ -1074,10 +1071,7 @@ void rs_sock_flags_seen(struct rs_sock *s, int fl)
 void rs_sock_setopt_seen(struct rs_sock *s, int level, int name, const void *val, unsigned len)
 {
     if (s->conn) rs_conn_sockopt_set(s->conn);        /* receive options (timestamps, TCP_INQ) */
-    if (level == SOL_SOCKET && name == SO_SNDBUF) {
-        s->sndbuf_set = 1;
-        if (rs_sock_state(s) == RS_RING) cap_window(s, 1);
-    }
+    if (level == SOL_SOCKET && name == SO_SNDBUF && rs_sock_state(s) == RS_RING) cap_window(s);
     if (level != SOL_SOCKET || (name != SO_RCVTIMEO && name != SO_SNDTIMEO) || !val || len < sizeof(struct timeval))
         return;
     const struct timeval *tv = val;

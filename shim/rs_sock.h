@@ -82,7 +82,6 @@ struct rs_sock {
                                * and O_ASYNC is looked up, not told */
     uint8_t  ended;           /* end_stream done: the peer was told (FIN or RESET record) */
     uint8_t  let_go;          /* this process's count in *holders is dropped */
-    uint8_t  sndbuf_set;      /* the program set SO_SNDBUF on it (cap_window) */
     uint8_t  shut_pending;    /* half-closes (1 read, 2 write) a non-blocking caller asked for
                                * while the handshake was open: done when it ends */
     uint16_t reason;          /* why the handshake ended as it did (RS_REASON_*), 0: none */
