@@ -341,7 +341,7 @@ int      rs_tx_arm_credit_locked(rs_conn *c);
 #define RS_BELL_EPOLL_DATA(fd) (RS_BELL_TAG | ((uint64_t)(fd) & RS_BELL_FD_MASK))
 #define RS_IS_BELL(data) (((data) & ~RS_BELL_FD_MASK) == RS_BELL_TAG)
 #define RS_BELL_FD(data) ((int)((data) & RS_BELL_FD_MASK))
-/* fd moved to a number in the upper half of the soft RLIMIT_NOFILE, close-on-exec (where
+/* fd moved to a number in the top eighth of the soft RLIMIT_NOFILE, close-on-exec (where
  * programs that count on low numbers, select() for one, do not meet it); fd if it cannot be. */
 int      rs_fd_move_high(int fd);
 int      rs_bells_create(int fds[2]);
