@@ -939,6 +939,7 @@ ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int fl
         return 0;
     }
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+    if (r == -EAGAIN || (r >= 0 && (size_t)r < n)) __atomic_add_fetch(&s->write_stops, 1, __ATOMIC_RELAXED);
     if (r > 0) {
         __atomic_fetch_add(&s->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
         if (s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);

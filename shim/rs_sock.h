@@ -100,6 +100,8 @@ struct rs_sock {
                                * shares with its forked children only; NULL: not counted */
     uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;
+    uint64_t write_stops;     /* writes that returned EAGAIN or less than asked (relaxed):
+                               * room came back after each (rs_hooks_epoll.c hs_stops) */
     pthread_mutex_t lock;     /* state transitions and the descriptor list */
     struct rs_sock *all_next; /* every object ever made (fork fix-up) */
     struct rs_sock *free_next;

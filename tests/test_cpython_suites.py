@@ -30,6 +30,7 @@ SUITE_TIMEOUT = 300           # a whole suite: the longest takes about 30 s
 SUITES = {
     "test_socket": ([], 20),
     "test_selectors": ([], 0),
+    "test_epoll": ([], 1),                               # edge-triggered EPOLLOUT, descriptor 10000 closed
     "test_socketserver": (["-u", "network"], 5),       # needs the resource for loopback servers
     "test_httplib": ([], 20),
     "test_asyncio.test_sock_lowlevel": ([], 10),

@@ -11,6 +11,12 @@
  * (an edge is new data since then).  out_mark: for EPOLLET, the connection's count of
  * writes cut short by a full ring when we last reported EPOLLOUT (an edge is room after a
  * later one: the kernel's socket, which always has room, never makes that edge).
+ * hs_stops: for EPOLLET, the socket's count of writes that stopped short (rs_sock
+ * write_stops) when we last reported EPOLLOUT.  The kernel's socket is woken by our own
+ * bytes too (the handshake's, doorbells), and reports EPOLLOUT at each such wake-up, even
+ * once those bytes are read (then EPOLLOUT alone).  TCP makes an EPOLLOUT edge of its own
+ * only after a write found no room; so a wake-up left with nothing but EPOLLOUT is not
+ * reported again until a write has stopped short since.
  * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD.
  *
  * Event bells (rs_bells.c): before a kernel sleep each member's bell is added to the
@@ -34,7 +40,7 @@
 #include <string.h>
 #include <time.h>
 
-struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; uint8_t disarmed, idle_waits; unsigned idle_seen; };
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark, hs_stops; uint8_t disarmed, idle_waits; unsigned idle_seen; };
 struct ep_set {
     int refs;                  /* the map's + waits in progress; 0: free */
     pthread_mutex_t lock;
@@ -256,7 +262,8 @@ static void remember_locked(struct ep_set *s, int op, int fd, const struct epoll
         if (i < s->cap) {
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
-            s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = s->m[i].idle_waits = 0;
+            s->m[i].et_mark = s->m[i].out_mark = s->m[i].hs_stops = (uint64_t)-1;
+            s->m[i].disarmed = s->m[i].idle_waits = 0;
             s->m[i].idle_seen = s->waits;
             set_quiet(s, i, 0);
             scan_add(s, i);
@@ -478,9 +485,13 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
                 want |= (s->m[i].events & EPOLLIN ? POLLIN : 0) | (s->m[i].events & EPOLLRDHUP ? POLLRDHUP : 0);
         }
         /* level-triggered EPOLLOUT: the kernel's report, checked against the ring, says it;
-         * edge-triggered: room after a write that found the ring full */
+         * edge-triggered: room after a write that found the ring full, and with an input
+         * edge (the kernel reports every ready event at each wake-up) */
         if (et && (s->m[i].events & EPOLLOUT) && stops != s->m[i].out_mark) want |= POLLOUT;
+        uint64_t write_stops = __atomic_load_n(&k->write_stops, __ATOMIC_RELAXED);
         if (want) re = rs_ring_revents(c, want);
+        if (et && (s->m[i].events & EPOLLOUT) && !(want & POLLOUT) && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)))
+            re |= rs_ring_revents(c, POLLOUT) & POLLOUT;
         if (!(re & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR))) {
             if (trust && !want && (s->m[i].events & (EPOLLIN | EPOLLOUT)) == EPOLLIN &&
                 idle_long_enough(s, i))
@@ -498,7 +509,7 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
         out[n].data = s->m[i].data;
         n++;
         if (et && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) s->m[i].et_mark = produced;
-        if (re & POLLOUT) s->m[i].out_mark = stops;
+        if (re & POLLOUT) s->m[i].out_mark = stops, s->m[i].hs_stops = write_stops;
         if (s->m[i].events & EPOLLONESHOT) {
             /* fired: disable the kernel registration too, as EPOLLONESHOT does */
             struct epoll_event off = { .events = 0, .data = s->m[i].data };
@@ -513,9 +524,11 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
  * lock). */
 static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
 {
+    uint64_t stops = (uint64_t)-1;          /* an upgraded or upgrading socket's write stops */
     struct rs_sock *h = rs_handshake_sock(m->fd);
     if (h) {
         /* woken by handshake bytes: settle; a ring it ends with is judged below */
+        stops = __atomic_load_n(&h->write_stops, __ATOMIC_RELAXED);
         rs_sock_settle(h);
         struct rs_sock *r = rs_ring_sock(m->fd);
         if (!r && rs_only_handshake(h)) e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
@@ -525,6 +538,7 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     struct rs_sock *k2 = rs_ring_sock(m->fd);
     if (k2) {
         rs_conn *c = k2->conn;
+        if (!h) stops = __atomic_load_n(&k2->write_stops, __ATOMIC_RELAXED);
         /* the kernel's EPOLLIN may be a doorbell of records already consumed (no tidy
          * under the preload, rs_doorbell.c), or the handshake's last bytes: the ring says
          * whether data is there; for an edge-triggered member, whether new data came since
@@ -547,6 +561,11 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
         /* the kernel's report counts as ours: no second edge */
         if ((e->events & EPOLLIN) && (m->events & EPOLLET)) m->et_mark = rs_rx_produced(c);
         rs_sock_put(k2);
+    }
+    if (stops != (uint64_t)-1 && (m->events & EPOLLET)) {
+        if (!(e->events & ~(uint32_t)(EPOLLOUT | EPOLLWRNORM)) && m->hs_stops == stops)
+            e->events &= ~(uint32_t)(EPOLLOUT | EPOLLWRNORM);
+        if (e->events & EPOLLOUT) m->hs_stops = stops;
     }
     if (m->events & EPOLLONESHOT) {
         if (e->events) {
