@@ -70,8 +70,6 @@ struct rs_tx {
                                * relaxed atomic) */
     uint8_t  fin_sent;        /* our FIN/RESET record written: writes fail with EPIPE */
     uint8_t  wrote_to_gone;   /* the one write TCP accepts after the peer closed was made */
-    uint64_t full_stops;      /* non-blocking writes cut short by a full ring (relaxed): an
-                               * edge-triggered EPOLLOUT is due when room follows one */
     uint64_t stall_head;      /* credit when the ring was first seen full (rs_tx_stalled) */
     uint64_t stall_since;     /* ... and when, 0 if not full */
     uint64_t spilled;         /* stream bytes sent over the socket by SPILL (relaxed) */

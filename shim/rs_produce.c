@@ -314,7 +314,6 @@ static ssize_t ring_send(rs_conn *c, const void *buf, size_t len, int nonblock, 
                  * is gone (a nonblocking writer would otherwise retry forever). */
                 if (!sent && rs_peer_gone(c)) return peer_gone(c);
                 if (!sent) rs_tx_stalled(c);       /* then rs_send goes on by TCP */
-                __atomic_store_n(&c->tx.full_stops, c->tx.full_stops + 1, __ATOMIC_RELAXED);
                 break;
             }
             int r = wait_credit(c, need, deadline, sent > 0);

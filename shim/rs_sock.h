@@ -101,7 +101,7 @@ struct rs_sock {
     uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;
     uint64_t write_stops;     /* writes that returned EAGAIN or less than asked (relaxed):
-                               * room came back after each (rs_hooks_epoll.c hs_stops) */
+                               * room after one is an EPOLLOUT edge (rs_hooks_epoll.c out_mark) */
     pthread_mutex_t lock;     /* state transitions and the descriptor list */
     struct rs_sock *all_next; /* every object ever made (fork fix-up) */
     struct rs_sock *free_next;

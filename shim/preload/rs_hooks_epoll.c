@@ -8,15 +8,13 @@
  * in one thread never changes the list under an epoll_wait in another.
  *
  * et_mark: for EPOLLET, the producer's byte count when we last reported the ring readable
- * (an edge is new data since then).  out_mark: for EPOLLET, the connection's count of
- * writes cut short by a full ring when we last reported EPOLLOUT (an edge is room after a
- * later one: the kernel's socket, which always has room, never makes that edge).
- * hs_stops: for EPOLLET, the socket's count of writes that stopped short (rs_sock
- * write_stops) when we last reported EPOLLOUT.  The kernel's socket is woken by our own
- * bytes too (the handshake's, doorbells), and reports EPOLLOUT at each such wake-up, even
- * once those bytes are read (then EPOLLOUT alone).  TCP makes an EPOLLOUT edge of its own
- * only after a write found no room; so a wake-up left with nothing but EPOLLOUT is not
- * reported again until a write has stopped short since.
+ * (an edge is new data since then).  out_mark: for EPOLLET, the socket's count of writes
+ * that stopped short (rs_sock write_stops: EAGAIN, or less than asked) when we last
+ * reported EPOLLOUT.  TCP makes an EPOLLOUT edge of its own only after a write found no
+ * room: then room in the ring is an edge, which the kernel's socket, always with room,
+ * never makes.  And the kernel's socket is woken by our own bytes too (the handshake's,
+ * doorbells), reporting EPOLLOUT at each such wake-up, even once those bytes are read
+ * (then EPOLLOUT alone): such a wake-up is no edge unless a write stopped short since.
  * disarmed: EPOLLONESHOT fired, until EPOLL_CTL_MOD.
  *
  * Event bells (rs_bells.c): before a kernel sleep each member's bell is added to the
@@ -40,7 +38,7 @@
 #include <string.h>
 #include <time.h>
 
-struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark, hs_stops; uint8_t disarmed, idle_waits; unsigned idle_seen; };
+struct ep_member { int fd; uint32_t events; epoll_data_t data; uint64_t et_mark, out_mark; uint8_t disarmed, idle_waits; unsigned idle_seen; };
 struct ep_set {
     int refs;                  /* the map's + waits in progress; 0: free */
     pthread_mutex_t lock;
@@ -262,8 +260,7 @@ static void remember_locked(struct ep_set *s, int op, int fd, const struct epoll
         if (i < s->cap) {
             if (i == s->n) s->n++;
             s->m[i].fd = fd; s->m[i].events = ev->events; s->m[i].data = ev->data;
-            s->m[i].et_mark = s->m[i].out_mark = s->m[i].hs_stops = (uint64_t)-1;
-            s->m[i].disarmed = s->m[i].idle_waits = 0;
+            s->m[i].et_mark = s->m[i].out_mark = (uint64_t)-1; s->m[i].disarmed = s->m[i].idle_waits = 0;
             s->m[i].idle_seen = s->waits;
             set_quiet(s, i, 0);
             scan_add(s, i);
@@ -474,7 +471,7 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
         struct rs_sock *k = rs_ring_sock(s->m[i].fd);
         if (!k) continue;
         rs_conn *c = k->conn;
-        uint64_t stops = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED), produced = 0;
+        uint64_t stops = __atomic_load_n(&k->write_stops, __ATOMIC_RELAXED), produced = 0;
         int et = s->m[i].events & EPOLLET;
         short re = 0, want = 0;
         /* a set may hold a thousand idle members: the locked looks only where a record,
@@ -488,7 +485,6 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
          * edge-triggered: room after a write that found the ring full, and with an input
          * edge (the kernel reports every ready event at each wake-up) */
         if (et && (s->m[i].events & EPOLLOUT) && stops != s->m[i].out_mark) want |= POLLOUT;
-        uint64_t write_stops = __atomic_load_n(&k->write_stops, __ATOMIC_RELAXED);
         if (want) re = rs_ring_revents(c, want);
         if (et && (s->m[i].events & EPOLLOUT) && !(want & POLLOUT) && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)))
             re |= rs_ring_revents(c, POLLOUT) & POLLOUT;
@@ -509,7 +505,7 @@ static int ep_from_rings(int epfd, struct ep_set *s, struct epoll_event *out, in
         out[n].data = s->m[i].data;
         n++;
         if (et && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) s->m[i].et_mark = produced;
-        if (re & POLLOUT) s->m[i].out_mark = stops, s->m[i].hs_stops = write_stops;
+        if (re & POLLOUT) s->m[i].out_mark = stops;
         if (s->m[i].events & EPOLLONESHOT) {
             /* fired: disable the kernel registration too, as EPOLLONESHOT does */
             struct epoll_event off = { .events = 0, .data = s->m[i].data };
@@ -557,15 +553,14 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
         if ((e->events & EPOLLOUT) && !rs_tx_writable(c)) {
             if (!rs_tx_arm_credit(c) && !rs_tx_writable(c)) e->events &= ~(uint32_t)EPOLLOUT;
         }
-        if (e->events & EPOLLOUT) m->out_mark = __atomic_load_n(&c->tx.full_stops, __ATOMIC_RELAXED);
         /* the kernel's report counts as ours: no second edge */
         if ((e->events & EPOLLIN) && (m->events & EPOLLET)) m->et_mark = rs_rx_produced(c);
         rs_sock_put(k2);
     }
-    if (stops != (uint64_t)-1 && (m->events & EPOLLET)) {
-        if (!(e->events & ~(uint32_t)(EPOLLOUT | EPOLLWRNORM)) && m->hs_stops == stops)
+    if (stops != (uint64_t)-1) {
+        if ((m->events & EPOLLET) && !(e->events & ~(uint32_t)(EPOLLOUT | EPOLLWRNORM)) && m->out_mark == stops)
             e->events &= ~(uint32_t)(EPOLLOUT | EPOLLWRNORM);
-        if (e->events & EPOLLOUT) m->hs_stops = stops;
+        if (e->events & EPOLLOUT) m->out_mark = stops;
     }
     if (m->events & EPOLLONESHOT) {
         if (e->events) {
