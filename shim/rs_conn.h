@@ -62,6 +62,10 @@ struct rs_tx {
     uint64_t bytes;           /* payload bytes published (read unlocked: relaxed) */
     uint64_t head_seen;       /* last credit read from ctl->head */
     uint64_t last_data;       /* ring position of the last data record written */
+    uint64_t last_rec;        /* ... and of the last record of any kind */
+    uint32_t grace_ns;        /* how long a doorbell may wait for the consumer to take the last
+                               * record first (rs_shm.c taken_in_grace), 0: never */
+    uint32_t grace_off;       /* doorbells still to ring at once after a wait that did not pay */
     uint64_t records;
     uint32_t window;          /* records stay below this ring offset, then a WRAP: a connection
                                * that never waits for credit touches only these pages (rs_produce.c) */

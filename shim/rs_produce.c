@@ -74,6 +74,7 @@ static void put_record(rs_conn *c, uint32_t lenword, const void *payload, uint32
 {
     uint32_t off = (uint32_t)(c->tx.pos & c->mask), rec = rs_rec_size(lenword);
     if (lenword < RS_LEN_CTL_MIN) c->tx.last_data = c->tx.pos;
+    c->tx.last_rec = c->tx.pos;
     uint8_t *p = c->tx.ring + off;
     if (n) memcpy(p + 4, payload, n);
     __atomic_store_n((uint32_t *)p, lenword, __ATOMIC_RELAXED);

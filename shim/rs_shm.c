@@ -97,6 +97,10 @@ int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved)
 /* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
  * header, which is never read again for them), and unmaps it if it returns NULL.  The server consumes ring 0 and produces
  * into ring 1; the client the other way round. */
+#define GRACE_MAX_NS 8000u       /* the doorbell's wait for a consumer between receives (taken_in_grace) */
+#define GRACE_MIN_NS 250u
+#define GRACE_OFF    64u
+
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
 {
     struct rs_seg_hdr *h = seg->base;
@@ -114,6 +118,7 @@ rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uin
     c->tx.ring = rx_dir == RS_DIR_C2S ? ring1 : ring0;
     c->spin_ns = spin_ns;
     rs_spin_init(&c->rx.spin, spin_ns);
+    c->tx.grace_ns = spin_ns < GRACE_MAX_NS ? spin_ns : GRACE_MAX_NS;
     c->map_base = seg->base;
     c->map_len = seg->len;
     return c;
@@ -134,6 +139,42 @@ static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
     return 0;
 }
 
+/* A consumer that asked for a doorbell (want_bell 1) is away from the ring: asleep on the
+ * socket, or in its program between two receives, which comes back within microseconds
+ * and takes the record anyway; a doorbell then costs a system call on each side for
+ * nothing (a Python program between recv calls: about 0.6 doorbells per round trip).  So
+ * before ringing, the producer watches the last record it wrote for a moment: once the
+ * consumer has taken it (its lenword is zero again), no doorbell is due, and the request
+ * stays for the next record.  The record is published already; only the doorbell waits,
+ * at most grace_ns.  The wait halves after one that did not pay, and stops for
+ * GRACE_OFF doorbells below GRACE_MIN_NS, then tries again; none while the consumer last
+ * ran on our CPU, or while this thread waits for its CPU (rs_cpus_busy): the consumer
+ * could not run meanwhile.  (A hold never takes records of an shm ring, stall_ms moves
+ * it instead: a zero lenword means a receive took them.) */
+
+static int taken_in_grace(rs_conn *c)
+{
+    struct rs_dir_ctl *k = c->tx.ctl;
+    if (c->tx.grace_off) { c->tx.grace_off--; return 0; }
+    if (rs_cpu_is_mine(&k->rx_cpu) || rs_cpus_busy()) return 0;
+    const uint32_t *lenword = (const uint32_t *)(c->tx.ring + (c->tx.last_rec & c->mask));
+    uint64_t end = rs_now_ns() + c->tx.grace_ns;
+    for (unsigned i = 1;; i++) {
+        if (!__atomic_load_n(lenword, __ATOMIC_ACQUIRE)) {
+            c->tx.grace_ns = c->tx.grace_ns * 2 < GRACE_MAX_NS ? c->tx.grace_ns * 2 : GRACE_MAX_NS;
+            if (c->spin_ns < c->tx.grace_ns) c->tx.grace_ns = c->spin_ns;
+            return 1;
+        }
+        /* the consumer went to sleep (or asked for more): the rule decides afresh */
+        if (__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED) != RS_WANT_NEXT) break;
+        if (!(i & 15) && rs_now_ns() >= end) break;
+        rs_relax();
+    }
+    c->tx.grace_ns /= 2;
+    if (c->tx.grace_ns < GRACE_MIN_NS) { c->tx.grace_ns = GRACE_MIN_NS; c->tx.grace_off = GRACE_OFF; }
+    return 0;
+}
+
 /* Producer (caller holds tx_lock): the records are in the peer's ring already; wake the
  * consumer if it asked for it, by the means it asked for (want_bell's bits).  The bell is
  * counted before the request is claimed: a consumer that withdraws its request (before
@@ -149,6 +190,11 @@ static void shm_flush(rs_conn *c)
     if (!(want & RS_WANT_EVERY) && __atomic_load_n(&k->spinning, __ATOMIC_ACQUIRE) &&
         c->tx.bytes <= __atomic_load_n(&k->spin_limit, __ATOMIC_ACQUIRE))
         return;                                         /* a spinning recv will absorb it */
+    if (want == RS_WANT_NEXT && c->tx.grace_ns) {
+        if (taken_in_grace(c)) return;
+        want = __atomic_load_n(&k->want_bell, __ATOMIC_SEQ_CST);
+        if (!want) return;
+    }
     if (want & RS_WANT_EVENT) {
         /* the consumer waits where its eventfd wakes it (rs_bells.c); one we cannot raise
          * (none agreed, a write that failed) is asked of the socket instead, which that
