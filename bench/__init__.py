@@ -26,8 +26,9 @@ Sub-benchmarks
             (tests/test_rdma_vm.py's prerequisites check, plus perftest), or with --no-rdma, one
             placeholder row says why.
   stream    throughput of writes of 64 B .. 1 MiB: sockbench over TCP vs under rdmasock, and
-            memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit; at 64 KiB also
-            the Python API (bench/worker.py: socket vs rdmasock.socket).
+            memcpy bandwidth into a 4 MiB ring (bench/c/memcpybw.c) as the limit, and a raw
+            two-process stream through a shared ring (bench/c/shmstream.c, two copies per byte,
+            cross-CPU); at 64 KiB also the Python API (bench/worker.py: socket vs rdmasock.socket).
   redis     redis-benchmark PING_INLINE, GET, SET with -c 1 and -c 50, no pipelining, plain vs
             server and client both preloaded (servers: servers.py).
   pgbench   TPC-B, scales 1 and 10 (--pg-scales), 1 and 4 clients, synchronous_commit=off,

@@ -117,7 +117,7 @@ def verdict(log_file, mark, port, conns=1, expect="shm"):
     return expect
 
 
-def compile_c(workdir, names=("sockbench", "shmspin", "memcpybw")):
+def compile_c(workdir, names=("sockbench", "shmspin", "memcpybw", "shmstream")):
     """bench/c/{names}.c -> workdir; returns name -> binary path."""
     out = {}
     for name in names:

@@ -1,5 +1,6 @@
-"""stream: throughput of writes of 64 B .. 1 MiB, TCP vs rdmasock, and memcpy bandwidth as
-the limit."""
+"""stream: throughput of writes of 64 B .. 1 MiB, TCP vs rdmasock, memcpy bandwidth on one CPU
+as the limit, and a raw two-process stream through shared memory (bench/c/shmstream.c) as
+what moving bytes between two CPUs costs at least."""
 import re
 
 from . import servers as S
@@ -54,14 +55,27 @@ def bench_stream(args, ctx):
             return float(re.search(r"bytes_per_s (\d+)", res.stdout.decode()).group(1)) / 1e6, "memcpy"
         variants.append((Row("stream", "memcpy into 4 MiB ring (limit)", "one CPU", [SERVER_CPU], "MB/s",
                              size=size, kind="limit"), fn))
+        if "cross" in places:
+            def fn(size=size, cpus=places["cross"]):
+                res = S.run(["taskset", "-c", "%d,%d" % cpus, bins["shmstream"], str(cpus[0]), str(cpus[1]),
+                             str(size), str(secs)], timeout=secs + RUN_TIMEOUT)
+                return float(re.search(r"bytes_per_s (\d+)", res.stdout.decode()).group(1)) / 1e6, "shm-raw"
+            variants.append((Row("stream", "raw shared-memory stream (two copies)", "cross", places["cross"],
+                                 "MB/s", size=size, kind="xlimit"), fn))
     if PY_STREAM_SIZE in sizes:
         variants += python_variants(args, ctx, secs)
     rows = run_variants("stream", variants, args.reps, lambda v: "%.0f MB/s" % v)
     set_ratios(rows, "tcp", keys=("size",))
     set_ratios(rows, "limit", "vs_limit", keys=("size",), digits=3)
+    set_ratios(rows, "xlimit", "vs_raw", keys=("size",), digits=3)
     targets = ratio_target(rows, "64 KiB stream >= 3x TCP best", TARGETS["stream_64k_vs_tcp"], kind="preload",
                            size=64 << 10)
     summary = [RDMA_PLACEHOLDER]
+    raw, mem = best(rows, "xlimit", size=64 << 10), best(rows, "limit", size=64 << 10)
+    pre = best(rows, "preload", size=64 << 10, placement="cross")
+    if raw and mem and pre:
+        summary.append("64 KiB across CPUs: rdmasock %.0f MB/s is %.2f of the raw two-process stream (%.0f MB/s), "
+                       "which is itself %.2f of memcpy on one CPU (%.0f MB/s)" % (pre, pre / raw, raw, raw / mem, mem))
     for pl in ctx["places"]:
         py_tcp = best(rows, "python-tcp", placement=pl)
         py_rs = best(rows, "python-rdmasock", placement=pl)
@@ -69,5 +83,6 @@ def bench_stream(args, ctx):
             summary.append("Python API, 64 KiB writes [%s]: rdmasock.socket %.0f MB/s vs socket.socket %.0f MB/s "
                            "(%.2fx)" % (pl, py_rs, py_tcp, py_rs / py_tcp))
     return {"rows": rows, "summary": summary, "targets": targets,
-            "columns": ["size", "name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "status"],
+            "columns": ["size", "name", "placement", "median", "min", "max", "vs_tcp_best", "vs_limit", "vs_raw",
+                        "status"],
             "title": "stream: one connection, writes of SIZE bytes, MB/s (%.1f s per repetition)" % secs}
