@@ -99,6 +99,14 @@ size_t rs_rx_take(rs_conn *c, uint8_t *dst, size_t len, int peek)
 /* The ring alone, for the hold (caller holds rx_lock). */
 size_t rs_rx_take_ring(rs_conn *c, uint8_t *dst, size_t len) { return take_ring(c, dst, len, 0); }
 
+/* Zeroes a consumed record, its lenword last (release): a producer that finds the lenword
+ * zero again (rs_shm.c taken_in_grace) finds the record consumed and zeroed whole. */
+static inline void zero_record(uint8_t *rec, uint32_t size)
+{
+    memset(rec + 4, 0, size - 4);
+    __atomic_store_n((uint32_t *)rec, 0, __ATOMIC_RELEASE);
+}
+
 /* Copies up to len payload bytes out of the ring (caller holds rx_lock).  With peek,
  * nothing is consumed.  One call walks at most one lap of the ring, whatever the peer
  * keeps writing behind the cursor. */
@@ -119,7 +127,7 @@ static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek)
             if (lw == RS_LEN_MOVED) {
                 /* a peek stops before it; a take steps over it and leaves the ring */
                 if (peek) break;
-                memset(c->rx.ring + off, 0, 8);
+                zero_record(c->rx.ring + off, 8);
                 cur.pos += 8;
                 cur.seq++;
                 moved = 1;
@@ -136,14 +144,14 @@ static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek)
                     rs_conn_set_error(c, EPROTO, "rdmasock: corrupt frame: SPILL of %u bytes at ring offset %u", count, off);
                     break;
                 }
-                memset(c->rx.ring + off, 0, 16);
+                zero_record(c->rx.ring + off, 16);
                 cur.pos += 16;
                 cur.seq++;
                 spill = count;
                 break;
             }
             if (lw == RS_LEN_WRAP || lw == RS_LEN_FIN || lw == RS_LEN_RESET) {
-                if (!peek) memset(c->rx.ring + off, 0, 8);
+                if (!peek) zero_record(c->rx.ring + off, 8);
                 if (!peek && lw == RS_LEN_WRAP) rs_rx_saw_wrap(c, off);
                 cur.pos += rs_rec_span(c, cur.pos, lw);
                 cur.seq++;
@@ -162,7 +170,7 @@ static size_t take_ring(rs_conn *c, uint8_t *dst, size_t len, int peek)
         cur.cur_off += (uint32_t)n;
         if (cur.cur_off == cur.cur_len) {
             uint32_t rec = rs_rec_size(cur.cur_len);
-            if (!peek) { memset(c->rx.ring + off, 0, rec); c->rx.records++; }
+            if (!peek) { zero_record(c->rx.ring + off, rec); c->rx.records++; }
             cur.pos += rec;
             cur.seq++;
             cur.cur_len = cur.cur_off = 0;

@@ -94,13 +94,13 @@ int rs_shm_map(int memfd, struct rs_seg *seg, size_t reserved)
     return 0;
 }
 
-/* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
- * header, which is never read again for them), and unmaps it if it returns NULL.  The server consumes ring 0 and produces
- * into ring 1; the client the other way round. */
 #define GRACE_MAX_NS 8000u       /* the doorbell's wait for a consumer between receives (taken_in_grace) */
 #define GRACE_MIN_NS 250u
 #define GRACE_OFF    64u
 
+/* Takes ownership of the mapping seg describes (rs_shm_map: checked copies of the
+ * header, which is never read again for them), and unmaps it if it returns NULL.  The server consumes ring 0 and produces
+ * into ring 1; the client the other way round. */
 rs_conn *rs_conn_attach_shm(const struct rs_seg *seg, int fd, int is_server, uint32_t spin_ns)
 {
     struct rs_seg_hdr *h = seg->base;
@@ -151,7 +151,6 @@ static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
  * ran on our CPU, or while this thread waits for its CPU (rs_cpus_busy): the consumer
  * could not run meanwhile.  (A hold never takes records of an shm ring, stall_ms moves
  * it instead: a zero lenword means a receive took them.) */
-
 static int taken_in_grace(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->tx.ctl;
