@@ -139,18 +139,19 @@ static int send_counted(rs_conn *c, uint8_t kind, uint64_t *counter)
     return 0;
 }
 
-/* A consumer that asked for a doorbell (want_bell 1) is away from the ring: asleep on the
- * socket, or in its program between two receives, which comes back within microseconds
- * and takes the record anyway; a doorbell then costs a system call on each side for
- * nothing (a Python program between recv calls: about 0.6 doorbells per round trip).  So
- * before ringing, the producer watches the last record it wrote for a moment: once the
- * consumer has taken it (its lenword is zero again), no doorbell is due, and the request
- * stays for the next record.  The record is published already; only the doorbell waits,
- * at most grace_ns.  The wait halves after one that did not pay, and stops for
- * GRACE_OFF doorbells below GRACE_MIN_NS, then tries again; none while the consumer last
- * ran on our CPU, or while this thread waits for its CPU (rs_cpus_busy): the consumer
- * could not run meanwhile.  (A hold never takes records of an shm ring, stall_ms moves
- * it instead: a zero lenword means a receive took them.) */
+/* A consumer that asked for a doorbell and did not say it sleeps (want_bell exactly 1; a
+ * sleeper adds RS_WANT_SLEEPS) is in its program between two receives, or in a wait of
+ * its own (select): a loop comes back within microseconds and takes the record anyway,
+ * and a doorbell then costs a system call on each side for nothing (a Python program
+ * between recv calls: about 0.6 doorbells per round trip).  So before ringing, the
+ * producer watches the last record it wrote for a moment: once the consumer has taken it
+ * (its lenword is zero again), no doorbell is due, and the request stays for the next
+ * record.  The record is published already; only the doorbell waits, at most grace_ns.
+ * The wait halves after one that did not pay, and stops for GRACE_OFF doorbells below
+ * GRACE_MIN_NS, then tries again; none while the consumer last ran on our CPU, or while
+ * this thread waits for its CPU (rs_cpus_busy): the consumer could not run meanwhile.  (A
+ * hold never takes records of an shm ring, stall_ms moves it instead: a zero lenword
+ * means a receive took them.) */
 static int taken_in_grace(rs_conn *c)
 {
     struct rs_dir_ctl *k = c->tx.ctl;
@@ -164,7 +165,8 @@ static int taken_in_grace(rs_conn *c)
             if (c->spin_ns < c->tx.grace_ns) c->tx.grace_ns = c->spin_ns;
             return 1;
         }
-        /* the consumer went to sleep (or asked for more): the rule decides afresh */
+        /* the consumer went to sleep (RS_WANT_SLEEPS, or a wake-up other than the byte):
+         * the rule decides afresh */
         if (__atomic_load_n(&k->want_bell, __ATOMIC_RELAXED) != RS_WANT_NEXT) break;
         if (!(i & 15) && rs_now_ns() >= end) break;
         rs_relax();
@@ -353,8 +355,12 @@ static int go_idle(rs_conn *c, int check, uint32_t bell, int peek)
     if (c->rx.spill_state) return rs_spill_rx_ready(c); /* inside a SPILL: the socket has the next bytes */
     if (check) c->ops->publish_credit(c, 1);    /* really idle: hand back all credit */
     /* or'ed: another thread of ours may be asleep on the shared word (RS_WANT_FUTEX), or
-     * in a wait that needs the socket's byte (RS_WANT_NEXT) */
-    __atomic_fetch_or(&k->want_bell, c->rx.bell_every ? RS_WANT_EVERY : bell, __ATOMIC_SEQ_CST);
+     * in a wait that needs the socket's byte (RS_WANT_NEXT).  A caller that goes to sleep
+     * in the kernel (or returns EAGAIN, whose program does) says so: the producer then
+     * rings at once instead of waiting for it to take the record (taken_in_grace). */
+    uint32_t want = c->rx.bell_every ? RS_WANT_EVERY : bell;
+    if (check && want == RS_WANT_NEXT) want |= RS_WANT_SLEEPS;
+    __atomic_fetch_or(&k->want_bell, want, __ATOMIC_SEQ_CST);
     int all;
     if (drain_counted(c, &all)) return 1;
     if (peek && all && !RS_GET(c->tcp_eof)) check_uncounted_now_and_then(c);
@@ -389,7 +395,7 @@ static void quiet_arm(rs_conn *c, size_t room)
     /* the request first, then bit 0 away: a producer that finds both answers quietly and
      * ORs bit 0 back, which this receive, not yet asleep, clears or outlives (its re-check) */
     __atomic_fetch_or(&k->want_bell, RS_WANT_FUTEX | RS_WANT_QUIET, __ATOMIC_SEQ_CST);
-    __atomic_fetch_and(&k->want_bell, ~RS_WANT_NEXT, __ATOMIC_SEQ_CST);
+    __atomic_fetch_and(&k->want_bell, ~(RS_WANT_NEXT | RS_WANT_SLEEPS), __ATOMIC_SEQ_CST);
 }
 
 /* A receive armed by quiet_arm is out of its sleep (caller holds rx_lock).  The last one

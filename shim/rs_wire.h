@@ -42,12 +42,14 @@
  * arrival), a futex wake-up on data_seq for the next record (4: FUTEX_WAKE feature), the
  * consumer's eventfd raised for the next record (8: EVENT_BELL feature), the wake-up of 4
  * without a byte if the receives asleep take all that is unread (16: QUIET_WAKE, with
- * quiet_limit) */
+ * quiet_limit); with 1, the consumer sleeps in the kernel until the byte comes (32: a
+ * producer does not wait for it to take the record first, PROTOCOL 6.3 step 4a) */
 #define RS_WANT_NEXT       1u
 #define RS_WANT_EVERY      2u
 #define RS_WANT_FUTEX      4u
 #define RS_WANT_EVENT      8u
 #define RS_WANT_QUIET      16u
+#define RS_WANT_SLEEPS     32u
 /* rs_dir_ctl.tx_waiting, bits: a credit doorbell byte (1), a futex wake-up on credit_seq (2) */
 #define RS_WAIT_BELL       1u
 #define RS_WAIT_FUTEX      2u
