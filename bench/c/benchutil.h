@@ -7,6 +7,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef _GNU_SOURCE
+#include <sched.h>
+
+/* Pins the calling process to one CPU (the programs that fork their two sides). */
+static inline void pin(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set)) perror("sched_setaffinity");
+}
+#endif
+
 static inline double now(void)
 {
     struct timespec ts;

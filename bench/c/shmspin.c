@@ -20,15 +20,6 @@
 struct slot { _Atomic uint64_t seq; char pad[56]; char data[MSG]; };
 struct page { struct slot ping, pong; _Atomic int stop; };
 
-
-static void pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set)) perror("sched_setaffinity");
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 4) { fprintf(stderr, "usage: shmspin CPU_A CPU_B SECONDS\n"); return 2; }

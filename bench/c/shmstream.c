@@ -22,14 +22,6 @@
 
 struct ctl { _Atomic uint64_t tail; char pad0[56]; _Atomic uint64_t head; char pad1[56]; _Atomic int stop; };
 
-static void pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set)) perror("sched_setaffinity");
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 5) { fprintf(stderr, "usage: shmstream CPU_A CPU_B SIZE SECONDS\n"); return 2; }
