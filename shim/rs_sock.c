@@ -742,22 +742,6 @@ static int call_timeout(struct rs_sock *s, int flags, int timeo)
     return timeo;
 }
 
-/* Where a socket counts the payload it moves: in its slot of the statistics table (which
- * `rdmasock stat` reads from another process) once it has one, before that in its own
- * counts.  One locked add per call, where keeping both counts took two; TCP_INFO adds them
- * up (rs_sock_tcp_info). */
-static inline uint64_t *rx_count(struct rs_sock *s)
-{
-    struct rs_stat_slot *k = s->stat;
-    return k ? &k->rx_bytes : &s->rx_bytes;
-}
-
-static inline uint64_t *tx_count(struct rs_sock *s)
-{
-    struct rs_stat_slot *k = s->stat;
-    return k ? &k->tx_bytes : &s->tx_bytes;
-}
-
 /* Settles what can be settled of a handshake before data moves.  Returns the state to act
  * on, or -errno (-EAGAIN: not yet). */
 static int prepare(struct rs_sock *s, int for_write, int timeout)
@@ -838,7 +822,10 @@ ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, i
     ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT | MSG_TRUNC), timeout);
     if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre.active)) end_preamble(s);
     else if (__builtin_expect(RS_GET(s->conn->fb), 0)) rs_sock_note_fallback(s);
-    if (r > 0 && !(flags & MSG_PEEK)) __atomic_fetch_add(rx_count(s), (uint64_t)r, __ATOMIC_RELAXED);
+    if (r > 0 && !(flags & MSG_PEEK)) {
+        __atomic_fetch_add(&s->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+        if (s->stat) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    }
     return r;
 }
 
@@ -953,7 +940,10 @@ ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int fl
     }
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     if (r == -EAGAIN || (r >= 0 && (size_t)r < n)) __atomic_add_fetch(&s->write_stops, 1, __ATOMIC_RELAXED);
-    if (r > 0) __atomic_fetch_add(tx_count(s), (uint64_t)r, __ATOMIC_RELAXED);
+    if (r > 0) {
+        __atomic_fetch_add(&s->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+        if (s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
+    }
     return r;
 }
 
@@ -1061,12 +1051,8 @@ int rs_sock_so_error(struct rs_sock *s, int err)
 void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
 {
     if (rs_sock_state(s) != RS_RING) return;
-    uint64_t rx = __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED), tx = __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED);
-    if (s->stat) {
-        rx += __atomic_load_n(&s->stat->rx_bytes, __ATOMIC_RELAXED);
-        tx += __atomic_load_n(&s->stat->tx_bytes, __ATOMIC_RELAXED);
-    }
-    rs_conn_tcp_info(s->conn, rx, tx, info, len);
+    rs_conn_tcp_info(s->conn, __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED),
+                     __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED), info, len);
 }
 
 /* The application's file status flags (F_SETFL, already done; or as found).  The hooks

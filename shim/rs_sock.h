@@ -98,9 +98,7 @@ struct rs_sock {
     struct rs_stat_slot *stat;
     struct holders *holders;  /* forked: the processes that hold it, in memory this process
                                * shares with its forked children only; NULL: not counted */
-    uint64_t rx_bytes;        /* payload the application received and sent before the socket had
-                               * a statistics slot (`stat`), or all of it without one: the slot
-                               * counts the rest (TCP_INFO adds both; rs_sock.c rx_count) */
+    uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
     uint64_t tx_bytes;
     uint64_t write_stops;     /* writes that returned EAGAIN or less than asked (relaxed):
                                * room after one is an EPOLLOUT edge (rs_hooks_epoll.c out_mark) */
