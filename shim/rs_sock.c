@@ -558,10 +558,26 @@ void rs_sock_after_fork_child(void)
         pthread_mutex_init(&s->lock, NULL);
         holders_after_fork_child(s);
         if (s->conn) rs_conn_after_fork_child(s->conn);
+        struct rs_stat_slot *row = s->stat;
+        if (row && rs_host && rs_host->stat_inherit && !(s->stat = rs_host->stat_inherit(row))) {
+            s->rx_bytes += row->rx_bytes;           /* no row of its own: the socket counts all */
+            s->tx_bytes += row->tx_bytes;
+        }
     }
 }
 
 /* ---- handshake --------------------------------------------------------------------- */
+
+/* The socket gets its statistics row: what it counted so far moves there, as later calls
+ * count there (rx_count).  A call that did not see the row yet adds to the socket's own
+ * count, which TCP_INFO adds (rs_sock_tcp_info). */
+static void open_stat(struct rs_sock *s, struct rs_stat_slot *row)
+{
+    s->stat = row;
+    if (!row) return;
+    __atomic_fetch_add(&row->rx_bytes, __atomic_exchange_n(&s->rx_bytes, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&row->tx_bytes, __atomic_exchange_n(&s->tx_bytes, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
 
 static int roles[] = { [RS_CLIENT_HS] = RS_ROLE_CLIENT, [RS_SERVER_HS] = RS_ROLE_SERVER };
 
@@ -682,7 +698,7 @@ static int step(struct rs_sock *s, int wait_ms, int try_only)
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING) s->reason = (uint16_t)out[1];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
             int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->ops->id;
-            s->stat = rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]);
+            open_stat(s, rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]));
         }
         if (res < 0) {
             set_broken(s, -res);
@@ -740,6 +756,22 @@ static int call_timeout(struct rs_sock *s, int flags, int timeo)
 {
     if (s->nonblock || (flags & MSG_DONTWAIT)) return 0;
     return timeo;
+}
+
+/* Where a socket counts the payload it moves: in its row of the statistics table (which
+ * `rdmasock stat` reads from another process) once it has one, before that in its own
+ * counts (open_stat moves them).  One locked add per call; TCP_INFO adds the two up
+ * (rs_sock_tcp_info). */
+static inline uint64_t *rx_count(struct rs_sock *s)
+{
+    struct rs_stat_slot *k = s->stat;
+    return k ? &k->rx_bytes : &s->rx_bytes;
+}
+
+static inline uint64_t *tx_count(struct rs_sock *s)
+{
+    struct rs_stat_slot *k = s->stat;
+    return k ? &k->tx_bytes : &s->tx_bytes;
 }
 
 /* Settles what can be settled of a handshake before data moves.  Returns the state to act
@@ -822,10 +854,7 @@ ssize_t rs_sock_recv_within(struct rs_sock *s, void *buf, size_t n, int flags, i
     ssize_t r = rs_recv(s->conn, buf, n, flags & (MSG_PEEK | MSG_WAITALL | MSG_DONTWAIT | MSG_TRUNC), timeout);
     if (st == RS_PRE_RX && !RS_GET(s->conn->rx.pre.active)) end_preamble(s);
     else if (__builtin_expect(RS_GET(s->conn->fb), 0)) rs_sock_note_fallback(s);
-    if (r > 0 && !(flags & MSG_PEEK)) {
-        __atomic_fetch_add(&s->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
-        if (s->stat) __atomic_fetch_add(&s->stat->rx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
-    }
+    if (r > 0 && !(flags & MSG_PEEK)) __atomic_fetch_add(rx_count(s), (uint64_t)r, __ATOMIC_RELAXED);
     return r;
 }
 
@@ -940,10 +969,7 @@ ssize_t rs_sock_send_within(struct rs_sock *s, const void *buf, size_t n, int fl
     }
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     if (r == -EAGAIN || (r >= 0 && (size_t)r < n)) __atomic_add_fetch(&s->write_stops, 1, __ATOMIC_RELAXED);
-    if (r > 0) {
-        __atomic_fetch_add(&s->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
-        if (s->stat) __atomic_fetch_add(&s->stat->tx_bytes, (uint64_t)r, __ATOMIC_RELAXED);
-    }
+    if (r > 0) __atomic_fetch_add(tx_count(s), (uint64_t)r, __ATOMIC_RELAXED);
     return r;
 }
 
@@ -1051,8 +1077,12 @@ int rs_sock_so_error(struct rs_sock *s, int err)
 void rs_sock_tcp_info(struct rs_sock *s, void *info, unsigned len)
 {
     if (rs_sock_state(s) != RS_RING) return;
-    rs_conn_tcp_info(s->conn, __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED),
-                     __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED), info, len);
+    uint64_t rx = __atomic_load_n(&s->rx_bytes, __ATOMIC_RELAXED), tx = __atomic_load_n(&s->tx_bytes, __ATOMIC_RELAXED);
+    if (s->stat) {
+        rx += __atomic_load_n(&s->stat->rx_bytes, __ATOMIC_RELAXED);
+        tx += __atomic_load_n(&s->stat->tx_bytes, __ATOMIC_RELAXED);
+    }
+    rs_conn_tcp_info(s->conn, rx, tx, info, len);
 }
 
 /* The application's file status flags (F_SETFL, already done; or as found).  The hooks

@@ -54,6 +54,8 @@ struct rs_host_ops {
     int  (*accept_late)(int fd);
     struct rs_stat_slot *(*stat_open)(int fd, int role, int transport, int reason);
     void (*stat_close)(struct rs_stat_slot *slot);
+    /* In a forked child, a row the parent's table had: the child's own copy of it, or NULL. */
+    struct rs_stat_slot *(*stat_inherit)(struct rs_stat_slot *parent_row);
 };
 extern const struct rs_host_ops *rs_host;
 
@@ -98,7 +100,9 @@ struct rs_sock {
     struct rs_stat_slot *stat;
     struct holders *holders;  /* forked: the processes that hold it, in memory this process
                                * shares with its forked children only; NULL: not counted */
-    uint64_t rx_bytes;        /* payload the application received and sent (TCP_INFO) */
+    uint64_t rx_bytes;        /* payload the application received and sent that `stat` does not
+                               * count: all of it while the socket has no row (TCP_INFO adds
+                               * both; rs_sock.c rx_count, open_stat) */
     uint64_t tx_bytes;
     uint64_t write_stops;     /* writes that returned EAGAIN or less than asked (relaxed):
                                * room after one is an EPOLLOUT edge (rs_hooks_epoll.c out_mark) */

@@ -2,6 +2,7 @@
 shared memory unavailable.  The program-level tests are in tests/programs/."""
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -648,3 +649,88 @@ def test_one_shot_epoll_waiter_is_woken_after_the_handshake(tmp_path):
     registration must be armed again: it was left spent, and the server's data, 200 ms
     later, woke nobody (every connection timed out)."""
     _pair_answers_every_ping(tmp_path, ONESHOT_WAITER, ONESHOT_WAITER, 5)
+
+
+FORK_COUNTS = r"""
+import os, socket, struct, sys, threading
+if sys.argv[1] == "server":               # echoes each connection until EOF, all at once
+    def serve(c):
+        while d := c.recv(65536):
+            c.sendall(d)
+        c.close()
+    ls = socket.create_server(("127.0.0.1", 0))
+    print("port", ls.getsockname()[1], flush=True)
+    threads = []
+    for _ in range(int(sys.argv[2])):
+        threads.append(threading.Thread(target=serve, args=(ls.accept()[0],)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    sys.exit(0)
+port = int(sys.argv[1])
+def echo(s, data):
+    s.sendall(data)
+    got = b""
+    while len(got) < len(data):
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    return got == data
+def received(s):
+    return struct.unpack_from("=QQ", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232), 120)
+a = socket.create_connection(("127.0.0.1", port))
+assert echo(a, b"a" * 1000)
+go_r, go_w = os.pipe()
+done_r, done_w = os.pipe()
+pid = os.fork()
+if pid == 0:                              # goes on with the connection it inherited
+    os.read(go_r, 1)
+    ok = echo(a, b"c" * 3000)
+    os.write(done_w, b"%d %d %d\n" % ((ok,) + received(a)))
+    sys.stdin.readline()
+    os._exit(0)
+os.close(done_w)                          # the child's end: EOF here if it dies
+a.close()
+b = socket.create_connection(("127.0.0.1", port))     # may take the row `a` had in this process
+assert echo(b, b"p" * 500)
+os.write(go_w, b"g")
+print(pid, os.read(done_r, 100).decode().strip(), *received(b), flush=True)
+sys.stdin.readline()
+os.waitpid(pid, 0)
+"""
+
+
+def test_forked_child_counts_its_inherited_connection_apart(tmp_path):
+    """A child goes on with a connection it inherited while the parent closes its copy and
+    opens another.  The child's bytes are the child's: its TCP_INFO counts the inherited
+    connection's whole stream, `rdmasock stat` shows that connection under the child, and
+    the parent's new connection counts only its own bytes, even where it reuses the row
+    the closed one had in the parent's table."""
+    prog = tmp_path / "forkcounts.py"
+    prog.write_text(FORK_COUNTS)
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + [SYS_PY, str(prog), "server", "2"], stdout=subprocess.PIPE, env=_env(log))
+    cli = None
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        cli = subprocess.Popen(RUN + [SYS_PY, str(prog), port], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env=_env(log))
+        assert select.select([cli.stdout], [], [], 60)[0], "the program said nothing in 60 s"
+        line = cli.stdout.readline()
+        child, ok, child_acked, child_received, acked, received = map(int, line.split())
+        assert ok == 1 and (child_acked, child_received) == (4001, 4000)   # Linux counts the SYN as acked
+        assert (acked, received) == (501, 500)
+        procs = json.loads(subprocess.check_output([sys.executable, "-m", "rdmasock", "stat", "--json"], timeout=60))
+        rows = {p["pid"]: [(c["bytes_sent"], c["bytes_received"], c["transport"]) for c in p["connections"]]
+                for p in procs}
+        assert rows.get(cli.pid) == [(500, 500, "shm")], procs
+        assert rows.get(child) == [(4000, 4000, "shm")], procs
+        cli.stdin.write(b"\n\n")
+        cli.stdin.close()
+        assert cli.wait(30) == 0
+        srv.wait(30)
+    finally:
+        for p in (cli, srv):
+            if p is not None:
+                _stop(p)

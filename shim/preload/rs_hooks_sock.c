@@ -38,7 +38,7 @@ static void fork_parent(void) { rs_sock_after_fork_parent(); }
 static void fork_child(void)
 {
     __atomic_store_n(&our_pid, (pid_t)rs_syscall(SYS_getpid), __ATOMIC_RELAXED);
-    rs_stats_after_fork(); rs_socks_after_fork_child(); rs_ep_after_fork_child();
+    rs_stats_after_fork(); rs_socks_after_fork_child(); rs_stats_forget_parent(); rs_ep_after_fork_child();
 }
 
 __attribute__((constructor)) static void hooks_init(void)

@@ -14,6 +14,7 @@
  * the memfd grows a chunk at a time, so a process pays for the slots it has used. */
 #define RS_STAT_MAX_SLOTS  (1u << 20)
 #define RS_STAT_CHUNK      1024u
+#define TABLE_RESERVE      (sizeof(struct rs_stat_hdr) + (size_t)RS_STAT_MAX_SLOTS * sizeof(struct rs_stat_slot))
 
 
 /* The process's one ring memory budget (shim/rs_shm.c): exported so that the engine's
@@ -29,14 +30,13 @@ static pthread_mutex_t stat_lock = PTHREAD_MUTEX_INITIALIZER;
 static int table_open(void)
 {
     if (table) return 1;
-    size_t len = sizeof(struct rs_stat_hdr) + (size_t)RS_STAT_MAX_SLOTS * sizeof(struct rs_stat_slot);
     int fd = memfd_create("rdmasock-stats", MFD_CLOEXEC);
     if (fd < 0) return 0;
     if (ftruncate(fd, (off_t)(sizeof(struct rs_stat_hdr) + RS_STAT_CHUNK * sizeof(struct rs_stat_slot))) < 0) {
         rs_real.close(fd);
         return 0;
     }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    void *p = mmap(NULL, TABLE_RESERVE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (p == MAP_FAILED) { rs_real.close(fd); return 0; }
     /* The descriptor stays open: it is how `rdmasock stat` finds the table.  Moved high so
      * it does not take a number a program expects to get (e.g. 3 right after start). */
@@ -53,15 +53,31 @@ static int table_open(void)
     return 1;
 }
 
-/* After fork the child writes into the same table (MAP_SHARED): it gets its own. */
+/* After fork the child would write into the same table (MAP_SHARED): it gets its own.  The
+ * parent's stays mapped until the connections the child inherited have moved their rows
+ * (rs_stat_inherit), then goes (rs_stats_forget_parent). */
+static struct rs_stat_hdr *parent_table;
+static int parent_fd = -1;
+
 void rs_stats_after_fork(void)
 {
     pthread_mutex_init(&stat_lock, NULL);
     if (!table) return;
+    parent_table = table;
+    parent_fd = table_fd;
     table = NULL;
     slots = NULL;
     table_fd = -1;
     free_hint = 0;
+}
+
+void rs_stats_forget_parent(void)
+{
+    if (!parent_table) return;
+    munmap(parent_table, TABLE_RESERVE);
+    rs_real.close(parent_fd);
+    parent_table = NULL;
+    parent_fd = -1;
 }
 
 static struct rs_stat_slot *free_slot(void)
@@ -97,6 +113,25 @@ struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
         getsockname(fd, (struct sockaddr *)s->local, &l);
         l = sizeof s->peer;
         getpeername(fd, (struct sockaddr *)s->peer, &l);
+        __atomic_store_n(&s->used, 1, __ATOMIC_RELEASE);
+        note_ring_memory();
+    }
+    pthread_mutex_unlock(&stat_lock);
+    return s;
+}
+
+/* In a child, a connection it inherited: its row in the parent's table becomes a row of
+ * this process's table, counts so far included.  The parent's row stays the parent's,
+ * which reuses it for another connection once it closes its copy. */
+struct rs_stat_slot *rs_stat_inherit(struct rs_stat_slot *row)
+{
+    struct rs_stat_slot was;
+    memcpy(&was, row, sizeof was);
+    pthread_mutex_lock(&stat_lock);
+    struct rs_stat_slot *s = table_open() ? free_slot() : NULL;
+    if (s) {
+        memcpy(s, &was, sizeof *s);
+        s->used = 0;
         __atomic_store_n(&s->used, 1, __ATOMIC_RELEASE);
         note_ring_memory();
     }
