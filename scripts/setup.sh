@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 # 1. build dependencies; 2. the real programs the tests and the demo run
 BUILD="gcc libc6-dev python3 python3-venv python3-dev libpython3.11-dev python3-cffi python3-setuptools python3-wheel libibverbs-dev rdma-core ibverbs-providers python3-pyverbs"
-PROGRAMS="util-linux procps bash git postgresql-15 postgresql-client-15 redis-server redis-tools mariadb-server mariadb-client curl python3-matplotlib nginx-light sockperf wrk apache2-utils libpython3.11-testsuite memcached haproxy iperf3 nodejs ruby php-cli"
+PROGRAMS="util-linux procps bash git socat openssl rsync postgresql-15 postgresql-client-15 redis-server redis-tools mariadb-server mariadb-client curl python3-matplotlib nginx-light sockperf wrk apache2-utils libpython3.11-testsuite memcached haproxy iperf3 nodejs ruby php-cli"
 missing=""
 for p in $BUILD $PROGRAMS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -77,12 +77,12 @@ static void move_to_tcp(int fd, struct rs_sock *s)
 {
     int r = own_number(fd, s) < 0 ? -EBADF : rs_sock_to_kernel(s, RS_REASON_EXEC, RS_EXEC_WAIT_MS);
     char text[320];
-    snprintf(text, sizeof text, "role=%s fd=%d transport=tcp reason=exec%s", s->role == RS_ROLE_SERVER ? "server" : "client", fd,
+    snprintf(text, sizeof text, "fd=%d transport=tcp reason=exec%s", fd,
              r == -EAGAIN ? " (the peer did not move its direction to TCP in time: the new program may read its doorbells)"
              : r == -EBADE ? " (bytes had arrived that the program never read: the new program does not get them)"
              : r == -EBADF ? " (its descriptor number is another file here: not moved)"
              : r < 0 ? " (the move failed)" : "");
-    rs_log_direct(text);
+    rs_log_connection(fd, s->role == RS_ROLE_SERVER ? "server" : "client", text);
 }
 
 /* Moves upgraded sockets to TCP and writes "NAME=0+1,5" (accepted sockets) into out;

@@ -365,12 +365,11 @@ void rs_sock_passing(int fd)
     if (rs_sock_state(s) == RS_RING && !RS_GET(s->conn->fb)) {
         int r = rs_sock_to_kernel(s, RS_REASON_PASSED, RS_PASS_WAIT_MS);
         char text[256];
-        snprintf(text, sizeof text, "role=%s fd=%d transport=tcp reason=passed%s",
-                 s->role == RS_ROLE_SERVER ? "server" : "client", fd,
+        snprintf(text, sizeof text, "fd=%d transport=tcp reason=passed%s", fd,
                  r == -EAGAIN ? " (the peer did not move its direction to TCP in time: the receiver may read its doorbells)"
                  : r == -EBADE ? " (bytes had arrived that the program never read: the receiver does not get them)"
                  : r < 0 ? " (the move failed)" : "");
-        rs_log_direct(text);
+        rs_log_connection(fd, s->role == RS_ROLE_SERVER ? "server" : "client", text);
     }
     __atomic_store_n(&s->passed, 1, __ATOMIC_RELEASE);
     rs_sock_put(s);

@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 
+import psutil
 import pytest
 
 from rdmasock.bench import servers as S
@@ -31,6 +32,32 @@ PAIRINGS = {            # id -> (client preloaded, server preloaded)
 }
 
 
+class ToolServer(S._Server):
+    """A server program that takes its port on the command line (argv_for(port, workdir));
+    ready once a process of its tree listens there (a probing connection would show in the
+    log)."""
+
+    name = "tool"
+
+    def __init__(self, argv_for, **kw):
+        super().__init__(**kw)
+        self.argv_for = argv_for
+
+    def start(self, timeout=30):
+        return self._start_on_free_port(lambda port: preload_cmd(self.argv_for(port, self.workdir), self.preload),
+                                        self._listening, timeout)
+
+    def _listening(self):
+        for pid in self.pids():
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in conns):
+                return True
+        return False
+
+
 def make_server(kind, preload, log_file, http_dir_fn=None):
     if kind == "pg":
         return S.PgServer(preload=preload, log_file=log_file)
@@ -47,6 +74,8 @@ def make_server(kind, preload, log_file, http_dir_fn=None):
         return S.ProgramServer([NODE, NODE_PROG] + argv[kind], preload=preload, log_file=log_file)
     if kind in ECHO_PROGS:
         return S.ProgramServer(ECHO_PROGS[kind] + ["server"], preload=preload, log_file=log_file)
+    if callable(kind):
+        return ToolServer(kind, preload=preload, log_file=log_file)
     raise ValueError(kind)
 
 
