@@ -456,7 +456,32 @@ def test_client_that_forks_a_writer_right_after_connect(tmp_path):
 
 
 PASSED_SOCKET = r"""
-import os, socket, sys
+import ctypes, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)          # the preloaded sendmmsg/recvmmsg come first
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int), ("len", ctypes.c_uint)]
+def mmsg(payload, control):
+    data, ctl = ctypes.create_string_buffer(payload, len(payload)), ctypes.create_string_buffer(control, 24)
+    io = iovec(ctypes.addressof(data), len(payload))
+    m = mmsghdr(None, 0, ctypes.pointer(io), 1, ctypes.addressof(ctl), len(control), 0, 0)
+    return m, (data, ctl, io)
+def send_fd(sock, fd):
+    if sys.argv[2] == "sendmsg":
+        return socket.send_fds(sock, [b"x"], [fd])
+    m, keep = mmsg(b"x", struct.pack("=QiiiI", 20, socket.SOL_SOCKET, socket.SCM_RIGHTS, fd, 0))
+    assert libc.sendmmsg(sock.fileno(), ctypes.byref(m), 1, 0) == 1, ctypes.get_errno()
+def recv_fd(sock):
+    if sys.argv[2] == "sendmsg":
+        return socket.recv_fds(sock, 16, 1)[1][0]
+    m, keep = mmsg(bytes(16), bytes(24))
+    assert libc.recvmmsg(sock.fileno(), ctypes.byref(m), 1, 0, None) == 1, ctypes.get_errno()
+    size, level, kind, fd = struct.unpack_from("=Qiii", keep[1].raw)
+    assert (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS) and m.controllen >= 20, (level, kind)
+    return fd
 def echo_n(c, n):
     got = b""
     while len(got) < n:
@@ -470,8 +495,7 @@ a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 pid = os.fork()
 if pid == 0:                                  # the receiver: goes on with the conversation
     a.close()
-    _msg, fds, _f, _a = socket.recv_fds(b, 16, 1)
-    s = socket.socket(fileno=fds[0])
+    s = socket.socket(fileno=recv_fd(b))
     data = bytes(range(256)) * 4000
     s.sendall(data)
     ok = echo_n(s, len(data)) == data
@@ -482,18 +506,20 @@ b.close()
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.sendall(b"first")
 print("sender", echo_n(s, 5) == b"first", flush=True)
-socket.send_fds(a, [b"x"], [s.fileno()])
+send_fd(a, s.fileno())
 s.close()
 os.waitpid(pid, 0)
 """
 
 
-def test_upgraded_socket_passed_to_another_process(tmp_path):
-    """A process passes its upgraded connection to another (SCM_RIGHTS) and closes its
-    copy; the receiver, which has no ring for it, goes on with the conversation on the
-    kernel socket.  The connection moves to TCP before it is sent (reason passed), both
-    directions, and the sender's close ends nothing.  Before, the receiver's bytes reached
-    the server as garbage on its doorbell channel."""
+@pytest.mark.parametrize("call", ["sendmsg", "sendmmsg"])
+def test_upgraded_socket_passed_to_another_process(tmp_path, call):
+    """A process passes its upgraded connection to another (SCM_RIGHTS, with sendmsg or
+    with sendmmsg and recvmmsg) and closes its copy; the receiver, which has no ring for
+    it, goes on with the conversation on the kernel socket.  The connection moves to TCP
+    before it is sent (reason passed), both directions, and the sender's close ends
+    nothing.  Before, the receiver's bytes reached the server as garbage on its doorbell
+    channel (with sendmmsg, until the vector forms looked at their messages too)."""
     prog, echo = tmp_path / "passed.py", tmp_path / "echo.py"
     prog.write_text(PASSED_SOCKET)
     echo.write_text(FORKED_WRITER)                # its server: echoes a connection until EOF
@@ -501,7 +527,7 @@ def test_upgraded_socket_passed_to_another_process(tmp_path):
     srv = subprocess.Popen(RUN + [SYS_PY, str(echo), "server", "1"], stdout=subprocess.PIPE, env=_env(log))
     try:
         port = srv.stdout.readline().split()[1].decode()
-        r = subprocess.run(RUN + [SYS_PY, str(prog), port], capture_output=True, env=_env(log), timeout=60)
+        r = subprocess.run(RUN + [SYS_PY, str(prog), port, call], capture_output=True, env=_env(log), timeout=60)
         assert sorted(r.stdout.decode().splitlines()) == ["receiver True True", "sender True"], (r.stdout, r.stderr)
         srv.wait(30)
     finally:

@@ -279,9 +279,16 @@ static int recv_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags
     return (int)i;
 }
 
+/* Each message of the vector forms may carry descriptors, as one of sendmsg/recvmsg. */
+static int received_each(int r, struct mmsghdr *v)
+{
+    for (int i = 0; i < r; i++) received(0, &v[i].msg_hdr);
+    return r;
+}
+
 RS_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *tmo)
 {
-    HOOK(recv_mmsg(s_, v, n, flags, &plain_), rs_real.recvmmsg(fd, v, n, flags, tmo));
+    HOOK(recv_mmsg(s_, v, n, flags, &plain_), received_each(rs_real.recvmmsg(fd, v, n, flags, tmo), v));
 }
 
 static int send_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags, int *plain)
@@ -299,6 +306,9 @@ static int send_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags
 
 RS_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 {
+    if (v && !rs_in_engine && rs_tracking())
+        for (unsigned i = 0; i < n; i++)
+            if (v[i].msg_hdr.msg_controllen) passed_fds(&v[i].msg_hdr, rs_sock_passing);
     HOOK(send_mmsg(s_, v, n, flags, &plain_), rs_real.sendmmsg(fd, v, n, flags));
 }
 
