@@ -525,6 +525,15 @@ static void settle_clients_before_fork(void)
     free(todo);
 }
 
+/* A row of the statistics table, which other threads count into meanwhile. */
+static void copy_row(struct rs_stat_slot *to, const struct rs_stat_slot *row)
+{
+    memcpy(to, row, sizeof *to);
+    to->rx_bytes = __atomic_load_n(&row->rx_bytes, __ATOMIC_RELAXED);
+    to->tx_bytes = __atomic_load_n(&row->tx_bytes, __ATOMIC_RELAXED);
+    to->tx_spilled = __atomic_load_n(&row->tx_spilled, __ATOMIC_RELAXED);
+}
+
 /* fork_prepare: the gate stays held until the fork is done (rs_sock_after_fork_parent,
  * rs_sock_after_fork_child). */
 void rs_sock_mark_all_forked(void)
@@ -533,7 +542,9 @@ void rs_sock_mark_all_forked(void)
     pthread_mutex_lock(&fork_gate);
     pthread_mutex_lock(&pool_lock);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
-        if (!__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) || __atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
+        if (!__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE)) continue;
+        if (s->stat) copy_row(&s->stat_at_fork, s->stat);
+        if (__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
         struct holders *h = __atomic_load_n(&s->holders, __ATOMIC_ACQUIRE);
         if (h) __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL);
         else if (!__atomic_load_n(&s->forked, __ATOMIC_ACQUIRE))
@@ -558,10 +569,9 @@ void rs_sock_after_fork_child(void)
         pthread_mutex_init(&s->lock, NULL);
         holders_after_fork_child(s);
         if (s->conn) rs_conn_after_fork_child(s->conn);
-        struct rs_stat_slot *row = s->stat;
-        if (row && rs_host && rs_host->stat_inherit && !(s->stat = rs_host->stat_inherit(row))) {
-            s->rx_bytes += row->rx_bytes;           /* no row of its own: the socket counts all */
-            s->tx_bytes += row->tx_bytes;
+        if (s->stat && rs_host && rs_host->stat_inherit && !(s->stat = rs_host->stat_inherit(&s->stat_at_fork))) {
+            s->rx_bytes += s->stat_at_fork.rx_bytes;    /* no row of its own: the socket counts all */
+            s->tx_bytes += s->stat_at_fork.tx_bytes;
         }
     }
 }

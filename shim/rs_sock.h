@@ -54,8 +54,9 @@ struct rs_host_ops {
     int  (*accept_late)(int fd);
     struct rs_stat_slot *(*stat_open)(int fd, int role, int transport, int reason);
     void (*stat_close)(struct rs_stat_slot *slot);
-    /* In a forked child, a row the parent's table had: the child's own copy of it, or NULL. */
-    struct rs_stat_slot *(*stat_inherit)(struct rs_stat_slot *parent_row);
+    /* In a forked child, a row of the parent's table as the fork found it: the child's own
+     * row with that content, or NULL. */
+    struct rs_stat_slot *(*stat_inherit)(const struct rs_stat_slot *at_fork);
 };
 extern const struct rs_host_ops *rs_host;
 
@@ -98,6 +99,8 @@ struct rs_sock {
     struct rs_answer *answer; /* SERVER_HS: the HELLO may be answered in C; LISTEN: the template
                                * of its accepted sockets' (rs_answer.c; malloc'd, ours) */
     struct rs_stat_slot *stat;
+    struct rs_stat_slot stat_at_fork;   /* `stat` as a fork found it: a child's row starts from
+                                         * this copy (the parent may reuse its row at once) */
     struct holders *holders;  /* forked: the processes that hold it, in memory this process
                                * shares with its forked children only; NULL: not counted */
     uint64_t rx_bytes;        /* payload the application received and sent that `stat` does not

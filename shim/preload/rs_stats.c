@@ -120,17 +120,15 @@ struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
     return s;
 }
 
-/* In a child, a connection it inherited: its row in the parent's table becomes a row of
- * this process's table, counts so far included.  The parent's row stays the parent's,
- * which reuses it for another connection once it closes its copy. */
-struct rs_stat_slot *rs_stat_inherit(struct rs_stat_slot *row)
+/* In a child, a connection it inherited: its row in the parent's table, as the fork found
+ * it, becomes a row of this process's table, counts so far included.  The parent's row
+ * stays the parent's, which reuses it for another connection once it closes its copy. */
+struct rs_stat_slot *rs_stat_inherit(const struct rs_stat_slot *at_fork)
 {
-    struct rs_stat_slot was;
-    memcpy(&was, row, sizeof was);
     pthread_mutex_lock(&stat_lock);
     struct rs_stat_slot *s = table_open() ? free_slot() : NULL;
     if (s) {
-        memcpy(s, &was, sizeof *s);
+        memcpy(s, at_fork, sizeof *s);
         s->used = 0;
         __atomic_store_n(&s->used, 1, __ATOMIC_RELEASE);
         note_ring_memory();
