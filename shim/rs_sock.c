@@ -374,7 +374,7 @@ static void destroy(struct rs_sock *s)
     if (rs_host && rs_host->stat_close) rs_host->stat_close(s->stat);   /* after the rings are gone */
     if (s->own_fd) rs_syscall(SYS_close, s->fd);
     s->conn = NULL;
-    s->stat = NULL;
+    __atomic_store_n(&s->stat, NULL, __ATOMIC_RELAXED);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_lock(&pool_lock);
     s->free_next = free_socks;
@@ -525,15 +525,6 @@ static void settle_clients_before_fork(void)
     free(todo);
 }
 
-/* A row of the statistics table, which other threads count into meanwhile. */
-static void copy_row(struct rs_stat_slot *to, const struct rs_stat_slot *row)
-{
-    memcpy(to, row, sizeof *to);
-    to->rx_bytes = __atomic_load_n(&row->rx_bytes, __ATOMIC_RELAXED);
-    to->tx_bytes = __atomic_load_n(&row->tx_bytes, __ATOMIC_RELAXED);
-    to->tx_spilled = __atomic_load_n(&row->tx_spilled, __ATOMIC_RELAXED);
-}
-
 /* fork_prepare: the gate stays held until the fork is done (rs_sock_after_fork_parent,
  * rs_sock_after_fork_child). */
 void rs_sock_mark_all_forked(void)
@@ -543,7 +534,9 @@ void rs_sock_mark_all_forked(void)
     pthread_mutex_lock(&pool_lock);
     for (struct rs_sock *s = all_socks; s; s = s->all_next) {
         if (!__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE)) continue;
-        if (s->stat) copy_row(&s->stat_at_fork, s->stat);
+        struct rs_stat_slot *row = __atomic_load_n(&s->stat, __ATOMIC_ACQUIRE);
+        s->stat_at_fork.used = 0;
+        if (row && rs_host && rs_host->stat_copy) rs_host->stat_copy(row, &s->stat_at_fork);
         if (__atomic_load_n(&s->let_go, __ATOMIC_ACQUIRE)) continue;
         struct holders *h = __atomic_load_n(&s->holders, __ATOMIC_ACQUIRE);
         if (h) __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL);
@@ -569,9 +562,13 @@ void rs_sock_after_fork_child(void)
         pthread_mutex_init(&s->lock, NULL);
         holders_after_fork_child(s);
         if (s->conn) rs_conn_after_fork_child(s->conn);
-        if (s->stat && rs_host && rs_host->stat_inherit && !(s->stat = rs_host->stat_inherit(&s->stat_at_fork))) {
-            s->rx_bytes += s->stat_at_fork.rx_bytes;    /* no row of its own: the socket counts all */
-            s->tx_bytes += s->stat_at_fork.tx_bytes;
+        if (s->stat && rs_host && rs_host->stat_inherit) {
+            struct rs_stat_slot *was = &s->stat_at_fork;
+            s->stat = was->used ? rs_host->stat_inherit(was) : NULL;
+            if (!s->stat && was->used) {
+                s->rx_bytes += was->rx_bytes;       /* no row of its own: the socket counts all */
+                s->tx_bytes += was->tx_bytes;
+            }
         }
     }
 }
@@ -580,13 +577,16 @@ void rs_sock_after_fork_child(void)
 
 /* The socket gets its statistics row: what it counted so far moves there, as later calls
  * count there (rx_count).  A call that did not see the row yet adds to the socket's own
- * count, which TCP_INFO adds (rs_sock_tcp_info). */
-static void open_stat(struct rs_sock *s, struct rs_stat_slot *row)
+ * count, which TCP_INFO adds (rs_sock_tcp_info).  Under the fork gate: a fork copies each
+ * row with its socket's counts (rs_sock_mark_all_forked). */
+void rs_sock_open_stat(struct rs_sock *s, struct rs_stat_slot *row)
 {
-    s->stat = row;
     if (!row) return;
+    pthread_mutex_lock(&fork_gate);
+    __atomic_store_n(&s->stat, row, __ATOMIC_RELEASE);
     __atomic_fetch_add(&row->rx_bytes, __atomic_exchange_n(&s->rx_bytes, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_fetch_add(&row->tx_bytes, __atomic_exchange_n(&s->tx_bytes, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&fork_gate);
 }
 
 static int roles[] = { [RS_CLIENT_HS] = RS_ROLE_CLIENT, [RS_SERVER_HS] = RS_ROLE_SERVER };
@@ -708,7 +708,7 @@ static int step(struct rs_sock *s, int wait_ms, int try_only)
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING) s->reason = (uint16_t)out[1];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
             int transport = res != RS_STEP_RING ? RS_TRANSPORT_TCP : ((rs_conn *)out[0])->ops->id;
-            open_stat(s, rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]));
+            rs_sock_open_stat(s, rs_host->stat_open(s->nfds ? s->fds[0] : s->fd, s->role, transport, (int)out[1]));
         }
         if (res < 0) {
             set_broken(s, -res);
@@ -753,9 +753,11 @@ void rs_sock_settle(struct rs_sock *s)
  * transport tcp with reason rdma_failed, and the log says why (once per connection). */
 void rs_sock_note_fallback(struct rs_sock *s)
 {
-    if (!s->stat || s->stat->transport == RS_TRANSPORT_TCP) return;
-    s->stat->transport = RS_TRANSPORT_TCP;
-    s->stat->reason = RS_GET(s->conn->fb_reason) ? RS_GET(s->conn->fb_reason) : RS_REASON_RDMA_FAILED;
+    struct rs_stat_slot *row = s->stat;
+    if (!row || __atomic_load_n(&row->transport, __ATOMIC_RELAXED) == RS_TRANSPORT_TCP) return;
+    __atomic_store_n(&row->transport, RS_TRANSPORT_TCP, __ATOMIC_RELAXED);    /* a fork may copy it */
+    __atomic_store_n(&row->reason, RS_GET(s->conn->fb_reason) ? RS_GET(s->conn->fb_reason) : RS_REASON_RDMA_FAILED,
+                     __ATOMIC_RELAXED);
     if (rs_host && rs_host->fell_back) rs_host->fell_back(s->fd, s->role, s->conn);
 }
 

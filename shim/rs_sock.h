@@ -54,8 +54,9 @@ struct rs_host_ops {
     int  (*accept_late)(int fd);
     struct rs_stat_slot *(*stat_open)(int fd, int role, int transport, int reason);
     void (*stat_close)(struct rs_stat_slot *slot);
-    /* In a forked child, a row of the parent's table as the fork found it: the child's own
-     * row with that content, or NULL. */
+    /* A fork is about to happen: a copy of a row as it is (used 0: the row is free).  In
+     * the child, a row of its own with that copy's content, or NULL. */
+    void (*stat_copy)(const struct rs_stat_slot *row, struct rs_stat_slot *out);
     struct rs_stat_slot *(*stat_inherit)(const struct rs_stat_slot *at_fork);
 };
 extern const struct rs_host_ops *rs_host;
@@ -127,6 +128,7 @@ void rs_sock_mark_all_forked(void);
 void rs_sock_after_fork_parent(void);
 void rs_sock_at_exit(struct rs_sock *s);          /* exit: ends the stream as close would */
 void rs_sock_after_fork_child(void);
+void rs_sock_open_stat(struct rs_sock *s, struct rs_stat_slot *row);   /* NULL: none */
 int  rs_sock_try_get(struct rs_sock *s);          /* a call on an object that may be dying: 1 ok */
 int  rs_sock_get_gen(struct rs_sock *s, uint32_t gen);   /* try_get of that life of it: 1 ok */
 /* The host lost fd without telling us while it was open (its number is closed already and

@@ -385,7 +385,7 @@ static int host_accept_late(int fd)
 static const struct rs_host_ops preload_host = {
     .step = host_step, .drop = rs_br_drop, .unlisten = rs_br_unlisten, .release = host_release,
     .fell_back = host_fell_back, .answer_done = host_answer_done, .accept_late = host_accept_late, .stat_open = rs_stat_open, .stat_close = rs_stat_close,
-    .stat_inherit = rs_stat_inherit,
+    .stat_copy = rs_stat_copy, .stat_inherit = rs_stat_inherit,
 };
 
 /* A thread that held the lock of the names (or of the answered handshakes) at the fork

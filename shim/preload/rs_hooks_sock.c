@@ -82,7 +82,7 @@ static void track_plain(int fd, int role, int reason)
 {
     struct rs_sock *s = rs_track(fd, RS_PLAIN, -1, role);
     if (!s) return;
-    s->stat = rs_stat_open(fd, role, RS_TRANSPORT_TCP, reason);
+    rs_sock_open_stat(s, rs_stat_open(fd, role, RS_TRANSPORT_TCP, reason));
     rs_sock_put(s);
 }
 

@@ -93,6 +93,7 @@ void rs_real_init(void);
 /* ---- rs_stats.c ------------------------------------------------------------------ */
 struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason);
 void rs_stat_close(struct rs_stat_slot *s);
+void rs_stat_copy(const struct rs_stat_slot *row, struct rs_stat_slot *out);
 struct rs_stat_slot *rs_stat_inherit(const struct rs_stat_slot *at_fork);
 void rs_stats_after_fork(void);
 void rs_stats_forget_parent(void);

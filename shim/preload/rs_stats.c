@@ -120,6 +120,25 @@ struct rs_stat_slot *rs_stat_open(int fd, int role, int transport, int reason)
     return s;
 }
 
+/* Before a fork, the row of a socket the child will inherit, as it is now: other threads
+ * count into it meanwhile, and the parent may give it to another connection as soon as the
+ * fork returns (rs_stat_inherit makes the child's from this copy). */
+void rs_stat_copy(const struct rs_stat_slot *row, struct rs_stat_slot *out)
+{
+    pthread_mutex_lock(&stat_lock);
+    out->used = __atomic_load_n(&row->used, __ATOMIC_ACQUIRE);
+    out->fd = row->fd;
+    out->role = row->role;
+    out->transport = __atomic_load_n(&row->transport, __ATOMIC_RELAXED);
+    out->reason = __atomic_load_n(&row->reason, __ATOMIC_RELAXED);
+    memcpy(out->local, row->local, sizeof out->local);
+    memcpy(out->peer, row->peer, sizeof out->peer);
+    out->rx_bytes = __atomic_load_n(&row->rx_bytes, __ATOMIC_RELAXED);
+    out->tx_bytes = __atomic_load_n(&row->tx_bytes, __ATOMIC_RELAXED);
+    out->tx_spilled = __atomic_load_n(&row->tx_spilled, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&stat_lock);
+}
+
 /* In a child, a connection it inherited: its row in the parent's table, as the fork found
  * it, becomes a row of this process's table, counts so far included.  The parent's row
  * stays the parent's, which reuses it for another connection once it closes its copy. */
