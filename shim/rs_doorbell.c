@@ -210,7 +210,11 @@ void rs_rx_bell_every(rs_conn *c, int on)
  * still in flight to the peer, which after a move to TCP (6.8) is stream data. */
 void rs_quiesce_bells(rs_conn *c)
 {
-    if (RS_GET(c->rx.pre.active) && !rs_pre_quiesce(c, RS_QUIESCE_NS)) return;
+    /* Preamble frames still unread (a lazy client that never switched) hide its doorbell
+     * bytes, which therefore stay; the request is withdrawn all the same, or the client's
+     * next record (its FIN, at its close) would ring into our closed socket and the kernel
+     * would answer with a reset. */
+    if (RS_GET(c->rx.pre.active)) rs_pre_quiesce(c, RS_QUIESCE_NS);
     if (RS_GET(c->tcp_eof)) return;
     if (rs_rx_on_tcp(c)) { rs_fb_settle_rx(c); return; }
     rs_lock(&c->rx.lock);

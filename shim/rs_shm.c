@@ -532,6 +532,7 @@ static void shm_quiesce(rs_conn *c)
 {
     __atomic_store_n(&c->rx.ctl->want_bell, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&c->tx.ctl->tx_waiting, 0, __ATOMIC_SEQ_CST);
+    if (RS_GET(c->rx.pre.active)) return;        /* bytes behind preamble frames: not ours to read */
     uint64_t until = rs_now_ns() + RS_QUIESCE_NS;
     for (int i = 0; i < 64; i++) {
         uint64_t sent = bells_counted(c);
