@@ -200,6 +200,9 @@ def drop(handle, detach=0):
         h.close()
 
 
+_PEER_ENDED = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN)
+
+
 def step(handle, wait_ms, out):
     """Advances a handshake.  Returns a STEP_* code (out[0] = C connection address for
     STEP_RING and STEP_PRE_RX) or -errno when the handshake failed."""
@@ -220,7 +223,10 @@ def step(handle, wait_ms, out):
         out[1] = reasons.CODE_BY_NAME.get(exc.reason, 0)
         return -errno.EPROTO
     except OSError as exc:
-        _finish(handle, h, "tcp", "handshake_garbage")
+        # a reset (or a socket already shut) met the handshake: the peer's end came first
+        reason = "closed_during_handshake" if exc.errno in _PEER_ENDED else "handshake_garbage"
+        _finish(handle, h, "tcp", reason)
+        out[1] = reasons.CODE_BY_NAME[reason]
         return -(exc.errno or errno.EIO)
     if outcome is None:
         return STEP_PENDING

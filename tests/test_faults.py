@@ -7,6 +7,7 @@ import pwd
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -342,6 +343,24 @@ def test_garbage_reply_gives_client_clear_error():
         c.recv(10)
     assert ei.value.errno == errno.EPROTO
     for x in (c, s, ls, lmarker):
+        x.close()
+
+
+def test_server_reset_during_handshake_is_told_as_the_peer_closing():
+    """A server that resets the connection instead of answering the HELLO: the client's
+    call fails as over TCP (ECONNRESET), and its reason says the peer closed during the
+    handshake, not that it sent garbage."""
+    ls = socket.create_server(("127.0.0.1", 0))
+    lmarker = rendezvous.register_listener(ls)   # pretends to be rdmasock
+    c = rdmasock.create_connection(ls.getsockname(), timeout=5)
+    s, _ = ls.accept()
+    hs.parse(recv_exact(s, 64), (hs.OP_HELLO,))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()                                     # a reset, no answer
+    with pytest.raises(ConnectionResetError):
+        c.recv(10)
+    assert c.transport == "tcp" and c.fallback_reason == "closed_during_handshake"
+    for x in (c, ls, lmarker):
         x.close()
 
 
