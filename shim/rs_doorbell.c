@@ -214,9 +214,9 @@ void rs_quiesce_bells(rs_conn *c)
      * bytes, which therefore stay; the request is withdrawn all the same, or the client's
      * next record (its FIN, at its close) would ring into our closed socket and the kernel
      * would answer with a reset. */
-    if (RS_GET(c->rx.pre.active)) rs_pre_quiesce(c, RS_QUIESCE_NS);
+    int unread = RS_GET(c->rx.pre.active) && !rs_pre_quiesce(c, RS_QUIESCE_NS);
     if (RS_GET(c->tcp_eof)) return;
-    if (rs_rx_on_tcp(c)) { rs_fb_settle_rx(c); return; }
+    if (!unread && rs_rx_on_tcp(c)) { rs_fb_settle_rx(c); return; }
     rs_lock(&c->rx.lock);
     if (!c->rx.move.state) c->ops->quiesce(c);                  /* not once the socket is the peer's stream */
     rs_unlock(&c->rx.lock);

@@ -772,7 +772,7 @@ static int call_timeout(struct rs_sock *s, int flags, int timeo)
 
 /* Where a socket counts the payload it moves: in its row of the statistics table (which
  * `rdmasock stat` reads from another process) once it has one, before that in its own
- * counts (open_stat moves them).  One locked add per call; TCP_INFO adds the two up
+ * counts (rs_sock_open_stat moves them).  One locked add per call; TCP_INFO adds the two up
  * (rs_sock_tcp_info). */
 static inline uint64_t *rx_count(struct rs_sock *s)
 {

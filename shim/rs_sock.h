@@ -106,7 +106,7 @@ struct rs_sock {
                                * shares with its forked children only; NULL: not counted */
     uint64_t rx_bytes;        /* payload the application received and sent that `stat` does not
                                * count: all of it while the socket has no row (TCP_INFO adds
-                               * both; rs_sock.c rx_count, open_stat) */
+                               * both; rs_sock.c rx_count, rs_sock_open_stat) */
     uint64_t tx_bytes;
     uint64_t write_stops;     /* writes that returned EAGAIN or less than asked (relaxed):
                                * room after one is an EPOLLOUT edge (rs_hooks_epoll.c out_mark) */

@@ -224,9 +224,14 @@ static ssize_t send_msg(struct rs_sock *s, const struct msghdr *m, int flags, in
 }
 
 /* A socket of ours sent to another process goes to TCP first (rs_sock_passing). */
-RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+static void passing(const struct msghdr *m)
 {
     if (m && m->msg_controllen && !rs_in_engine && rs_tracking()) passed_fds(m, rs_sock_passing);
+}
+
+RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+    passing(m);
     HOOK(send_msg(s_, m, flags, &plain_), rs_real.sendmsg(fd, m, flags));
 }
 
@@ -306,9 +311,7 @@ static int send_mmsg(struct rs_sock *s, struct mmsghdr *v, unsigned n, int flags
 
 RS_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 {
-    if (v && !rs_in_engine && rs_tracking())
-        for (unsigned i = 0; i < n; i++)
-            if (v[i].msg_hdr.msg_controllen) passed_fds(&v[i].msg_hdr, rs_sock_passing);
+    for (unsigned i = 0; v && i < n; i++) passing(&v[i].msg_hdr);
     HOOK(send_mmsg(s_, v, n, flags, &plain_), rs_real.sendmmsg(fd, v, n, flags));
 }
 

@@ -147,8 +147,9 @@ struct rs_stat_slot *rs_stat_inherit(const struct rs_stat_slot *at_fork)
     pthread_mutex_lock(&stat_lock);
     struct rs_stat_slot *s = table_open() ? free_slot() : NULL;
     if (s) {
-        memcpy(s, at_fork, sizeof *s);
-        s->used = 0;
+        struct rs_stat_slot row = *at_fork;
+        row.used = 0;                           /* `rdmasock stat` reads it once it is whole */
+        memcpy(s, &row, sizeof *s);
         __atomic_store_n(&s->used, 1, __ATOMIC_RELEASE);
         note_ring_memory();
     }
