@@ -760,3 +760,88 @@ def test_forked_child_counts_its_inherited_connection_apart(tmp_path):
         for p in (cli, srv):
             if p is not None:
                 _stop(p)
+
+
+GREETING_SERVER = r"""
+import socket
+srv = socket.create_server(("127.0.0.1", 0))
+print("ready", srv.getsockname()[1], flush=True)
+while True:
+    c, _ = srv.accept()
+    c.sendall(b"220 hello\n")                      # the server speaks first
+    got = b""
+    while not got.endswith(b"bye\n"):
+        part = c.recv(100)
+        if not part:
+            break
+        got += part
+    c.sendall(b"ok\n")
+    c.close()
+"""
+
+HELLO_PUSH_CLIENT = r"""
+import fcntl, json, select, socket, struct, sys
+SIOCOUTQNSD = 0x894B
+def unsent(c):
+    return struct.unpack("i", fcntl.ioctl(c.fileno(), SIOCOUTQNSD, b"\0" * 4))[0]
+def nb_recv(c):
+    c.setblocking(False)
+    try:
+        c.recv(100)
+    except BlockingIOError:
+        pass
+def poll_in(c):
+    p = select.poll(); p.register(c, select.POLLIN); p.poll(0)
+def epoll_in(c):
+    e = select.epoll(); e.register(c, select.EPOLLIN); e.poll(0); e.close()
+def poll_out(c):
+    p = select.poll(); p.register(c, select.POLLOUT); p.poll(0)
+def write(c):
+    c.sendall(b"bye\n")
+ACTIONS = {"recv_nonblocking": nb_recv, "poll_in": poll_in, "select_in": lambda c: select.select([c], [], [], 0),
+           "epoll_in": epoll_in, "poll_out": poll_out, "write": write}
+out = {}
+for name, act in ACTIONS.items():
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    held = unsent(c)
+    act(c)
+    after = unsent(c)
+    if name == "poll_out":
+        poll_in(c)                                 # a wait for input comes next: it goes now
+    gone = unsent(c)
+    c.setblocking(True)
+    c.settimeout(10)
+    f = c.makefile("rb")
+    assert f.readline() == b"220 hello\n"
+    if name != "write":
+        c.sendall(b"bye\n")
+    assert f.readline() == b"ok\n"
+    f.close()
+    c.close()
+    out[name] = [held, after, gone]
+print(json.dumps(out))
+"""
+
+
+def test_hello_waits_only_for_the_first_write(tmp_path):
+    """After a blocking connect the HELLO waits in the kernel (MSG_MORE) so that the first
+    write joins its segment (docs/PROTOCOL.md 2.9).  Every call that waits for input, or
+    reads, pushes it at once: a server that speaks first must not wait for it.  A wait for
+    writability only keeps it back; the write takes it along."""
+    log = str(tmp_path / "log")
+    srv = subprocess.Popen(RUN + [SYS_PY, "-c", GREETING_SERVER], stdout=subprocess.PIPE, env=_env(log))
+    try:
+        port = srv.stdout.readline().split()[1].decode()
+        r = subprocess.run(RUN + [SYS_PY, "-c", HELLO_PUSH_CLIENT, port], capture_output=True,
+                           env=_env(log), timeout=60)
+    finally:
+        _stop(srv)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    out = json.loads(r.stdout)
+    for name, (held, after, gone) in out.items():
+        assert held > 0, (name, out)               # the HELLO waited after connect
+        if name == "poll_out":
+            assert after == held and gone == 0, out
+        else:
+            assert after == 0 and gone == 0, (name, out)
+    assert open(log).read().count("transport=shm") == 2 * len(out)
