@@ -84,6 +84,50 @@ def test_exec_after_the_upgrade_moves_the_connection_to_tcp(tmp_path, half_close
     assert len(exec_lines) == 1 and "role=server" in exec_lines[0] and "reason=exec (" not in exec_lines[0], lines
 
 
+EXEC_CLIENT = r"""
+import os, socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+os.dup2(c.fileno(), 6)                  # ucspi-tcp's tcpclient: the program reads 6, writes 7
+os.dup2(c.fileno(), 7)
+c.close()
+os.execv(sys.executable, [sys.executable, "-c", sys.argv[2]])
+"""
+
+EXEC_CLIENT_PROGRAM = r"""
+import hashlib, os, socket, sys
+data = sys.stdin.buffer.read()
+w = socket.socket(fileno=7)
+w.sendall(data)
+w.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = os.read(6, 65536)
+    if not b:
+        break
+    got += b
+print(hashlib.sha256(got).hexdigest())
+"""
+
+
+def test_client_exec_right_after_connect(tmp_path):
+    """A client that connects and execs a program on the socket at once (ucspi-tcp's
+    tcpclient), before any call of its own on it: the handshake is finished before the
+    exec (its answer used to reach the new program as data, and the server reported a
+    garbled preamble), the connection then moves to TCP (reason exec), and 2 MiB echo back
+    intact."""
+    log = tmp_path / "log"
+    srv, port = _server("inetd", log)
+    payload = os.urandom(2 << 20)
+    r = subprocess.run(RUN + [SYS_PY, "-c", EXEC_CLIENT, str(port), EXEC_CLIENT_PROGRAM], input=payload,
+                       env=_env(log), capture_output=True, timeout=60)
+    assert srv.wait(timeout=30) == 0 and srv.stderr.read() == b""
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    assert r.stdout.decode().strip() == hashlib.sha256(payload).hexdigest()
+    lines = _lines(log)
+    exec_lines = [l for l in lines if "reason=exec" in l]
+    assert len(exec_lines) == 1 and "role=client" in exec_lines[0] and "reason=exec (" not in exec_lines[0], lines
+
+
 def test_python_subprocess_given_the_socket(tmp_path):
     """Python's subprocess (a vfork child: it dup2s the socket onto stdout and closes the
     rest, in memory it shares with its parent) runs a program that answers on the

@@ -10,7 +10,9 @@
  *    connection is upgraded there;
  *  - upgraded: the new program reads and writes the kernel socket, so the connection goes
  *    on over TCP first, both directions (rs_sock_to_kernel, reason exec).
- * No engine call and no allocation here: the caller may be a vfork child.  posix_spawn is
+ * A client's handshake still under way is finished first (as before a fork), and the
+ * connection then moved like any upgraded one.  Apart from that, no engine call and no
+ * allocation here: the caller may be a vfork child.  posix_spawn is
  * not covered (glibc runs the new program without going through these symbols); see
  * README, Limitations. */
 #include "rs_preload.h"
@@ -102,6 +104,15 @@ static void before_exec(char *out, size_t outlen)
         if (!rs_sock_try_get(s)) continue;
         int first = 1;                      /* the first inherited descriptor of its socket */
         for (int j = 0; j < i; j++) first &= in.sock[j] != in.sock[i];
+        /* A client handshake under way is finished first, as before a fork: its answer
+         * would reach the new program as data.  Not in a vfork child, whose engine is the
+         * suspended parent's. */
+        if (first && rs_sock_state(s) == RS_CLIENT_HS && !rs_memory_shared_child()) {
+            rs_sock_finish_client(s, rs_settle_deadline());
+            if (rs_sock_state(s) == RS_CLIENT_HS)
+                rs_log_connection(in.fd[i], "client", "reason=exec (the server did not answer in time: the new program "
+                                                      "may read its answer)");
+        }
         int st = rs_sock_state(s);
         if (st == RS_RING && first && !RS_GET(s->conn->fb)) move_to_tcp(in.fd[i], s);   /* once: execvp tries paths */
         if (st == RS_SERVER_HS && first)           /* the socket's group: all its numbers */
