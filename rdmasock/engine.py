@@ -205,21 +205,18 @@ _PEER_ENDED = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN)
 
 def step(handle, wait_ms, out):
     """Advances a handshake.  Returns a STEP_* code (out[0] = C connection address for
-    STEP_RING and STEP_PRE_RX) or -errno when the handshake failed.  On entry out[0] = 1
-    lets a client's HELLO wait in the kernel for the write that follows (shim/rs_sock.c
-    push_hello)."""
+    STEP_RING and STEP_PRE_RX) or -errno when the handshake failed."""
     h = _handshakes.get(handle)
     if h is None:
         return STEP_TCP
     deadline = None if wait_ms == 0 else float("inf") if wait_ms < 0 else time.monotonic() + wait_ms / 1000
     side = h.side
-    hold, out[0] = out[0], 0
     try:
-        if isinstance(side, upgrade.Client):
-            side.hold_hello = bool(hold)
-            if not side.hello_sent and not side.connected(None):
-                if deadline is None or not side.connected(deadline):
-                    return STEP_CONNECTING
+        if isinstance(side, upgrade.Client) and not side.hello_sent and not side.connected(None):
+            if deadline is None:
+                return STEP_CONNECTING
+            if not side.connected(deadline):
+                return STEP_CONNECTING
         outcome = side.step(deadline)
     except hs.HandshakeError as exc:
         _finish(handle, h, "tcp", exc.reason)

@@ -333,7 +333,6 @@ class Client(_Side):
         # every preloaded program (3 MiB and more of each process's memory).
         self.nonce = os.urandom(16)
         self.hello_sent = False
-        self.hold_hello = False      # the HELLO may wait in the kernel for the next write (MSG_MORE)
         self.rdma = None             # transport_rdma.Side while rdma is offered
         self.local_reason = None     # why this side could not offer rdma
 
@@ -354,7 +353,7 @@ class Client(_Side):
                 self.rdma = None
         hello = hs.Message(hs.OP_HELLO, features=_features(), transports=offer, nonce=self.nonce,
                            ring_log2=cfg.ring_size.bit_length() - 1, pid=os.getpid(), ext=ext)
-        _sendall(self.sock, hello.pack(), _s.MSG_MORE if self.hold_hello else 0)
+        _sendall(self.sock, hello.pack())
         self.hello_sent = True
 
     def connected(self, deadline):

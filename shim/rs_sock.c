@@ -443,14 +443,14 @@ void rs_sock_abandon_fd(struct rs_sock *s, int fd) { drop_hold(s, fd, 0); }
  * is: a forking server's parent closes it without a look, and its child answers. */
 /* Waits (until deadline) for the answer of a client handshake still under way, and sends
  * a lazy SWITCH still due: from then on either process may be the one that goes on. */
-static int step(struct rs_sock *s, int wait_ms, int try_only, int hold);
+static int step(struct rs_sock *s, int wait_ms, int try_only);
 
 void rs_sock_finish_client(struct rs_sock *s, uint64_t deadline)
 {
     /* A thread of ours already waiting for the answer gets it itself: it may be the fork's
      * child's to make (a forking server in this process), and its lock is not ours to
      * wait for. */
-    if (rs_sock_state(s) == RS_CLIENT_HS) step(s, rs_ms_until(deadline), 1, 0);
+    if (rs_sock_state(s) == RS_CLIENT_HS) step(s, rs_ms_until(deadline), 1);
     if (rs_sock_state(s) == RS_RING && s->role == RS_ROLE_CLIENT) rs_tx_switch(s->conn);
 }
 
@@ -680,31 +680,8 @@ static void set_broken(struct rs_sock *s, int err)
     rs_syscall(SYS_shutdown, s->fd, SHUT_RD);
 }
 
-/* A client's HELLO and its first preamble frame must not travel as two segments.  When
- * the server's accept queue is full, its kernel answers the SYN with a cookie and drops
- * what would complete the connection (our ACK, the HELLO) until the queue has room; a
- * later segment that reaches the listener first cannot complete it (a cookie takes only
- * the segment that starts the stream), and the listener resets the connection, where a
- * plain client's request, one segment, would have been retransmitted until taken.  Nagle
- * does not keep the frame back: the kernel's tail loss probe sends new data first.  So
- * where the program is likely to write next (a step taken for a write, after connect,
- * before a wait for writability only: `hold`), the HELLO is written with MSG_MORE and
- * waits in the kernel; the frame that follows, written without, leaves in its segment.
- * Any other step, or a frame that could not be written, pushes it (the kernel would after
- * 200 ms).  Caller holds lock. */
-static void push_hello(struct rs_sock *s)
-{
-    int v = 0, zero = 0;
-    socklen_t sl = sizeof v;
-    s->hello_held = 0;
-    /* uncorking pushes; the program's own cork, if set, keeps the HELLO with its data */
-    if (rs_syscall(SYS_getsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &v, &sl) == 0 && !v)
-        rs_syscall(SYS_setsockopt, s->fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
-}
-
-/* try_only: not if another thread is taking a step (it holds the lock, maybe waiting).
- * hold: the HELLO, if this step sends it, may wait for a frame (push_hello). */
-static int step(struct rs_sock *s, int wait_ms, int try_only, int hold)
+/* try_only: not if another thread is taking a step (it holds the lock, maybe waiting). */
+static int step(struct rs_sock *s, int wait_ms, int try_only)
 {
     int st = rs_sock_state(s);
     if (st != RS_CLIENT_HS && st != RS_SERVER_HS) return 1;
@@ -726,16 +703,7 @@ static int step(struct rs_sock *s, int wait_ms, int try_only, int hold)
             if (h > 0) s->handle = h;
             else res = RS_STEP_TCP, out[1] = (uintptr_t)-h;
         }
-        int first = st == RS_CLIENT_HS && !s->hello_sent;
-        if (s->hello_held && !hold) push_hello(s);   /* before a wait for the answer */
-        if (res == RS_ANSWER_DEFER) {
-            out[0] = (uintptr_t)(first && hold);    /* in: the HELLO may wait (MSG_MORE) */
-            res = rs_host->step(s->handle, wait_ms, out);
-        }
-        if (first && res != RS_STEP_CONNECTING) {
-            s->hello_sent = 1;
-            s->hello_held = hold && res == RS_STEP_PENDING;
-        }
+        if (res == RS_ANSWER_DEFER) res = rs_host->step(s->handle, wait_ms, out);
         s->role = (uint8_t)roles[st];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING) s->reason = (uint16_t)out[1];
         if (res != RS_STEP_PENDING && res != RS_STEP_CONNECTING && rs_host->stat_open) {
@@ -767,7 +735,7 @@ static int step(struct rs_sock *s, int wait_ms, int try_only, int hold)
     return r;
 }
 
-int rs_sock_step(struct rs_sock *s, int wait_ms) { return step(s, wait_ms, 0, 0); }
+int rs_sock_step(struct rs_sock *s, int wait_ms) { return step(s, wait_ms, 0); }
 
 int rs_sock_in_handshake(struct rs_sock *s)
 {
@@ -775,11 +743,9 @@ int rs_sock_in_handshake(struct rs_sock *s)
     return st == RS_CLIENT_HS || st == RS_SERVER_HS || (st == RS_RING && RS_GET(s->conn->rx.pre.active));
 }
 
-void rs_sock_settle(struct rs_sock *s) { rs_sock_settle_for(s, POLLIN); }
-
-void rs_sock_settle_for(struct rs_sock *s, int events)
+void rs_sock_settle(struct rs_sock *s)
 {
-    step(s, 0, 0, !(events & (POLLIN | POLLRDNORM | POLLPRI)));
+    rs_sock_step(s, 0);
     if (rs_sock_state(s) == RS_RING) rs_pre_settle(s->conn);
 }
 
@@ -826,7 +792,7 @@ static int prepare(struct rs_sock *s, int for_write, int timeout)
 {
     int st = rs_sock_state(s);
     if (st == RS_CLIENT_HS) {
-        if (step(s, for_write ? 0 : timeout, 0, for_write)) return rs_sock_state(s);
+        if (rs_sock_step(s, for_write ? 0 : timeout)) return rs_sock_state(s);
         if (for_write && !s->hello_pending) return RS_CLIENT_HS;   /* a preamble frame */
         return -EAGAIN;
     }
@@ -917,10 +883,6 @@ static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, uint6
         pthread_mutex_lock(&s->lock);
         int st = s->state;
         ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0) : 0;
-        if (s->hello_held) {
-            if (r > 0) s->hello_held = 0;           /* it left with the frame */
-            else push_hello(s);
-        }
         pthread_mutex_unlock(&s->lock);
         if (st != RS_CLIENT_HS) { *state = st; break; }
         if (r > 0) { sent += (size_t)r; continue; }

@@ -77,9 +77,6 @@ struct rs_sock {
     uint8_t  app_nodelay;     /* TCP_NODELAY as the application set it (RING) */
     uint8_t  app_cork;        /* TCP_CORK as the application set it (RING) */
     uint8_t  hello_pending;   /* client: nonblocking connect not finished, HELLO not sent */
-    uint8_t  hello_sent;      /* client: the control plane wrote the HELLO */
-    uint8_t  hello_held;      /* client: the HELLO waits in the kernel for the preamble frame
-                               * that is to share its segment (rs_sock.c push_hello) */
     uint8_t  ep_unknown;      /* registered with epoll before connect in a way we could not
                                * take over: non-blocking reads keep arming */
     uint8_t  own_fd;          /* fd is our private duplicate: closed with the object */
@@ -144,9 +141,6 @@ static inline int rs_sock_state(const struct rs_sock *s) { return __atomic_load_
 int  rs_sock_step(struct rs_sock *s, int wait_ms);   /* 1 over (state updated), 0 pending, -1 errno */
 int  rs_sock_in_handshake(struct rs_sock *s);        /* bytes on the kernel socket may not be data */
 void rs_sock_settle(struct rs_sock *s);              /* one non-blocking step towards data */
-/* The same, before a wait for `events`, or (-1) after a connect: where the program is
- * likely to write next, a client's HELLO may wait for its first write (rs_sock.c). */
-void rs_sock_settle_for(struct rs_sock *s, int events);
 
 /* I/O.  Return bytes or -errno; *plain = 1 means the socket is plain TCP: the caller
  * makes the real call (and nothing was done).  rs_sock_recv/send wait as the socket's

@@ -525,7 +525,7 @@ static void ep_filter_one(int epfd, struct epoll_event *e, struct ep_member *m)
     if (h) {
         /* woken by handshake bytes: settle; a ring it ends with is judged below */
         stops = __atomic_load_n(&h->write_stops, __ATOMIC_RELAXED);
-        rs_sock_settle_for(h, (int)m->events);
+        rs_sock_settle(h);
         struct rs_sock *r = rs_ring_sock(m->fd);
         if (!r && rs_only_handshake(h)) e->events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
         if (r) rs_sock_put(r);
@@ -640,7 +640,7 @@ static void scan_member(struct ep_set *s, int i, int settle, int *any, int *apar
     struct rs_sock *k = rs_waited_sock(s->m[i].fd);       /* one look-up for every question */
     if (!k) return;
     if (rs_sock_in_handshake(k)) {
-        if (settle) rs_sock_settle_for(k, (int)s->m[i].events);
+        if (settle) rs_sock_settle(k);
         *any = 1;
         if (rs_sock_in_handshake(k)) *settling = 1;
     }

@@ -163,7 +163,7 @@ static int poll_common(struct pollfd *fds, nfds_t n, int timeout_ms, const sigse
             struct rs_sock *s = rs_handshake_sock(fds[i].fd);
             int still = 0;
             if (s) {
-                rs_sock_settle_for(s, fds[i].events);
+                rs_sock_settle(s);
                 still = rs_sock_in_handshake(s);
                 rs_sock_put(s);
             }

@@ -111,7 +111,7 @@ RS_EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
             s->ep_unknown = (uint8_t)ep_unknown;
             s->hello_pending = r != 0;
             pthread_mutex_unlock(&s->lock);
-            if (r == 0) rs_sock_settle_for(s, POLLOUT);   /* the HELLO leaves, or waits for the first write */
+            if (r == 0) rs_sock_step(s, 0);         /* the HELLO leaves (rs_sock.c step) */
             rs_sock_put(s);
         }
     }
@@ -504,7 +504,7 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
         /* A nonblocking connect is finished by reading SO_ERROR: the HELLO leaves now. */
         if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && rs_sock_state(s) == RS_CLIENT_HS &&
             s->hello_pending && val && *(int *)val == 0)
-            rs_sock_settle_for(s, POLLOUT);
+            rs_sock_step(s, 0);
     }
     rs_sock_put(s);
     return r;
