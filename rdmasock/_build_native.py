@@ -138,7 +138,6 @@ typedef struct rs_conn {
     ...;
 } rs_conn;
 rs_conn *rs_conn_new_tcp(int fd);
-ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
 int rs_pre_switch(int fd);
 void rs_pre_switch_later(rs_conn *c);
 struct rs_seg { void *base; size_t len; uint32_t ring_size; uint64_t salt; };

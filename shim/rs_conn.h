@@ -46,6 +46,8 @@ struct rs_rx_pre {
     uint8_t  active;          /* preamble frames come first */
     uint8_t  lazy;            /* ... and the client sends SWITCH only with records or bytes after it */
     uint8_t  seen;            /* a preamble frame header (DATA or SWITCH) was read */
+    uint8_t  ended;           /* the client's stream ended inside a frame: a half-close, and
+                               * its TCP FIN says nothing more (rs_peer_gone) */
     uint8_t  hdr_got;         /* bytes of the next frame header taken off the socket so far */
     uint8_t  hdr[RS_PRE_HDR]; /* ... and they */
     uint32_t left;            /* payload bytes left in the open preamble frame */
@@ -291,9 +293,17 @@ uint64_t rs_rx_produced(rs_conn *c);
 #define RS_PRE_DATA         0xDAu
 #define RS_PRE_SWITCH       0x5Au
 #define RS_PRE_MAX          65536u
-#define RS_PRE_NONBLOCK_MAX 16384u     /* a nonblocking write never waits long for a frame's tail */
+#define RS_PRE_NONBLOCK_MAX 16384u     /* what a nonblocking write puts in one frame */
 #define RS_PRE_OVER         (-100000)  /* rs_pre_recv: SWITCH consumed, go on with the ring */
-ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms);
+/* Client: the frame a non-blocking write began and the socket could not take whole; its
+ * tail is owed by the next writes (rs_pre_send). */
+struct rs_pre_open {
+    uint32_t owed;            /* payload bytes the frame still needs */
+    uint8_t  hdr_left;        /* bytes at the end of hdr not sent yet */
+    uint8_t  hdr[RS_PRE_HDR];
+};
+static inline int rs_pre_is_open(const struct rs_pre_open *o) { return o->owed || o->hdr_left; }
+ssize_t  rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms, struct rs_pre_open *open);
 int      rs_pre_switch(int fd);
 void     rs_pre_switch_later(rs_conn *c);
 int      rs_tx_switch_now(rs_conn *c);

@@ -254,7 +254,8 @@ static int peer_moved(rs_conn *c)
  * ends the TCP stream while it lives (its FIN travels as a record), so the kernel's end of
  * stream or reset means its socket is closed: its process died or closed the connection.
  * Not so after our own shutdown(SHUT_RD) (then the kernel reports an end of stream of its
- * own), nor once the peer's direction moved to TCP (then a TCP FIN is its half-close). */
+ * own), nor once the peer's direction moved to TCP or ended there, inside a preamble
+ * frame (then a TCP FIN is its half-close). */
 int rs_peer_gone(rs_conn *c)
 {
     if (RS_GET(c->tcp_eof)) return 1;
@@ -262,7 +263,7 @@ int rs_peer_gone(rs_conn *c)
     if (rs_c_poll(c, POLLRDHUP, 0, &re) <= 0) return 0;
     if (re & POLLERR) rs_note_sock_error(c, 0);
     if (re & (POLLHUP | POLLERR | POLLNVAL)) RS_SET(c->tcp_eof, 1);
-    else if ((re & POLLRDHUP) && !rs_rx_on_tcp(c) && !peer_moved(c)) {
+    else if ((re & POLLRDHUP) && !rs_rx_on_tcp(c) && !peer_moved(c) && !RS_GET(c->rx.pre.ended)) {
         if (!RS_GET(c->rx.shut_rd)) {
             RS_SET(c->tcp_eof, 1);
         } else {

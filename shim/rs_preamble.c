@@ -11,8 +11,12 @@
  * client's last frame, sent as soon as it has read the answer: after it, the client's data
  * goes into the ring (ACCEPT) or follows as plain TCP bytes (DECLINE).  The server reads
  * frames until SWITCH before it looks at the ring, so the order of bytes is kept.
- * A frame is always written whole; the server still takes a header in parts, as TCP
- * hands it over (read_header).
+ * A blocking write sends its frames whole.  A non-blocking one returns what the socket
+ * took, as TCP's does: a frame it began and could not finish stays open (struct
+ * rs_pre_open), and the next writes owe its tail, their first bytes being the stream's
+ * next bytes anyway; nothing else goes on the socket meanwhile (rs_sock.c
+ * frame_closed_within).
+ * The server takes headers and payload in parts, as TCP hands them over (read_header).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +48,8 @@ static int write_rest(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
-static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int dontwait)
+/* A whole frame, blocking whatever the socket's O_NONBLOCK (SWITCH, a blocking write). */
+static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n)
 {
     uint8_t h[RS_PRE_HDR];
     put_header(h, kind, n);
@@ -52,11 +57,10 @@ static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int do
     struct msghdr m = { .msg_iov = iov, .msg_iovlen = n ? 2 : 1 };
     long r;
     for (;;) {
-        r = rs_syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
+        r = rs_syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL);
         if (r >= 0) break;
         int e = errno;
-        /* A caller that must not fail (SWITCH) waits even on an O_NONBLOCK socket. */
-        if (dontwait || (e != EAGAIN && e != EINTR)) return -e;
+        if (e != EAGAIN && e != EINTR) return -e;
         int w = rs_sleep_fd(fd, POLLOUT, RS_NEVER);
         if (w < 0 && w != -EINTR) return w;
     }
@@ -74,18 +78,40 @@ static long send_frame(int fd, uint8_t kind, const void *buf, uint32_t n, int do
     return 0;
 }
 
-/* Sends up to RS_PRE_MAX bytes of buf as one DATA frame.  Returns the payload bytes
- * taken, or -errno (-EAGAIN: nonblocking and the socket had no room at all). */
-ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms)
+/* Non-blocking: the rest of the open frame, header bytes first, then up to its owed
+ * payload from buf.  Returns the payload bytes taken, or -errno (-EAGAIN: none). */
+static ssize_t continue_frame(int fd, const void *buf, size_t len, struct rs_pre_open *o)
+{
+    size_t n = len < o->owed ? len : o->owed;
+    struct iovec iov[2] = { { o->hdr + RS_PRE_HDR - o->hdr_left, o->hdr_left }, { (void *)buf, n } };
+    struct msghdr m = { .msg_iov = o->hdr_left ? iov : iov + 1, .msg_iovlen = o->hdr_left ? 2 : 1 };
+    long r = rs_syscall(SYS_sendmsg, fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) return -errno;
+    size_t h = (size_t)r < o->hdr_left ? (size_t)r : o->hdr_left;
+    o->hdr_left = (uint8_t)(o->hdr_left - h);
+    o->owed -= (uint32_t)((size_t)r - h);
+    return (size_t)r > h ? (ssize_t)((size_t)r - h) : -EAGAIN;
+}
+
+/* Sends up to RS_PRE_MAX bytes of buf as one DATA frame, or continues the frame `open`
+ * holds.  Blocking (open NULL or not nonblock): the frame goes whole.  Non-blocking with
+ * `open`: what the socket took; a frame it took in part stays open.  Returns the payload
+ * bytes taken, or -errno (-EAGAIN: the socket took none). */
+ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms, struct rs_pre_open *open)
 {
     if (len == 0) return 0;
+    if (open && rs_pre_is_open(open)) return continue_frame(fd, buf, len, open);
     uint32_t n = len > RS_PRE_MAX ? RS_PRE_MAX : (uint32_t)len;
-    if (nonblock) {
-        /* Only start a frame the socket can take at once (the rest is then short). */
-        struct pollfd p = { .fd = fd, .events = POLLOUT };
-        if (rs_sys_poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) return -EAGAIN;
+    if (nonblock && open) {
         if (n > RS_PRE_NONBLOCK_MAX) n = RS_PRE_NONBLOCK_MAX;
-    } else if (timeout_ms > 0) {
+        put_header(open->hdr, RS_PRE_DATA, n);
+        open->hdr_left = RS_PRE_HDR;
+        open->owed = n;
+        ssize_t r = continue_frame(fd, buf, n, open);
+        if (open->hdr_left == RS_PRE_HDR) open->hdr_left = 0, open->owed = 0;   /* nothing left: no frame */
+        return r;
+    }
+    if (timeout_ms > 0) {
         uint64_t deadline = rs_deadline(timeout_ms);
         struct pollfd p = { .fd = fd, .events = POLLOUT };
         while (rs_sys_poll(&p, 1, 0) <= 0) {
@@ -94,14 +120,14 @@ ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeo
             if (r < 0) return r;
         }
     }
-    long r = send_frame(fd, RS_PRE_DATA, buf, n, nonblock);
+    long r = send_frame(fd, RS_PRE_DATA, buf, n);
     return r < 0 ? r : (ssize_t)n;
 }
 
 /* The client's last frame. */
 int rs_pre_switch(int fd)
 {
-    return (int)send_frame(fd, RS_PRE_SWITCH, NULL, 0, 0);
+    return (int)send_frame(fd, RS_PRE_SWITCH, NULL, 0);
 }
 
 /* A client whose handshake ends outside a write sends its SWITCH lazily: just before its
@@ -170,11 +196,27 @@ static int header_ok(const uint8_t *h, unsigned got)
     return h[0] == RS_PRE_DATA ? len >= 1 && len <= RS_PRE_MAX : len == 0;
 }
 
+/* The client's stream ended inside a frame: a client whose non-blocking write left the
+ * frame open, then shut down writing or closed.  Its reader gets what came, then the end
+ * of the stream, as over TCP, and after an ACCEPT our direction goes on (a half-close);
+ * an end at a frame boundary after an ACCEPT only a client that is gone makes
+ * (read_header).  1: the preamble is over (the ring reads the end), 0: end of stream. */
+static int ended_inside_frame(rs_conn *c)
+{
+    c->rx.pre.hdr_got = 0;
+    c->rx.pre.left = 0;
+    if (!c->tx.ring) return 0;
+    c->rx.fin_seen = 1;
+    RS_SET(c->rx.pre.ended, 1);
+    RS_SET(c->rx.pre.active, 0);
+    return 1;
+}
+
 /* Server side, while c->rx.pre.active and no frame is open: takes the next frame header
- * off the socket.  Its bytes are taken as they come and kept (c->rx.pre.hdr): a frame is
- * written whole, but a receiver whose buffer is full is sent the rest of a header only
- * after it has read what came, so a wait for all 8 bytes to be readable could last for
- * ever (and wake every poll on the socket meanwhile).  1 = a DATA frame is open
+ * off the socket.  Its bytes are taken as they come and kept (c->rx.pre.hdr): a client
+ * sends the rest of a header only when its next write comes, or a receiver whose buffer
+ * is full only after it has read what came, so a wait for all 8 bytes to be readable
+ * could last for ever (and wake every poll on the socket meanwhile).  1 = a DATA frame is open
  * (c->rx.pre.left set) or SWITCH was seen (c->rx.pre.active cleared), 0 = EOF before a
  * header, -errno otherwise (-EAGAIN: not all there yet). */
 static int read_header(rs_conn *c)
@@ -189,10 +231,11 @@ static int read_header(rs_conn *c)
             continue;
         }
         if (n != 0 && n != -ECONNRESET) return (int)n;
-        if (pre->hdr_got) {
-            rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame header");
+        if (pre->hdr_got && n) {
+            rs_conn_set_error(c, ECONNRESET, "rdmasock: peer reset inside a preamble frame header");
             return -ECONNRESET;
         }
+        if (pre->hdr_got) return ended_inside_frame(c);
         if (c->tx.ring) {
             /* An upgraded client's socket ended at a frame boundary: its process is gone (a
              * lazy client that never wrote again sends no SWITCH; its kernel may reset over
@@ -286,10 +329,7 @@ static long pre_step(rs_conn *c, void *buf, size_t len, int peek)
     size_t want = len < c->rx.pre.left ? len : c->rx.pre.left;
     long r = rs_c_recv(c, buf, want, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
     if (r > 0 && !peek) { c->rx.pre.left -= (uint32_t)r; c->rx.pre.bytes += (uint64_t)r; }
-    if (r == 0) {
-        rs_conn_set_error(c, ECONNRESET, "rdmasock: peer closed inside a preamble frame");
-        return -ECONNRESET;
-    }
+    if (r == 0) return ended_inside_frame(c) ? RS_PRE_OVER : 0;
     return r;
 }
 

@@ -680,17 +680,52 @@ static void set_broken(struct rs_sock *s, int err)
     rs_syscall(SYS_shutdown, s->fd, SHUT_RD);
 }
 
+/* A preamble frame that a non-blocking write began is still open: the answer waits, since
+ * the SWITCH that follows it must come after the frame's tail, which only the program's
+ * next writes bring.  Waits up to wait_ms (another thread may be writing), the lock taken
+ * only to look (try_only: not waited for).  1: no frame open. */
+static int frame_closed_within(struct rs_sock *s, int wait_ms, int try_only)
+{
+    uint64_t deadline = rs_deadline(wait_ms);
+    for (;;) {
+        if (!try_only) pthread_mutex_lock(&s->lock);
+        else if (pthread_mutex_trylock(&s->lock)) return 0;
+        int open = rs_pre_is_open(&s->pre_open);
+        pthread_mutex_unlock(&s->lock);
+        if (!open) return 1;
+        if (rs_nap(2000000, deadline, 0) <= 0) return 0;
+    }
+}
+
+/* The program ends its writing while a frame is open: the stream ends inside it (the
+ * server reads what came, then the end, as over TCP), and the answer may be processed
+ * for the reading side (a SWITCH after our FIN goes nowhere).  1 if so. */
+static int end_inside_frame(struct rs_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    int open = s->state == RS_CLIENT_HS && rs_pre_is_open(&s->pre_open);
+    if (open) {
+        rs_syscall(SYS_shutdown, s->fd, SHUT_WR);
+        s->pre_open = (struct rs_pre_open){ 0 };
+    }
+    pthread_mutex_unlock(&s->lock);
+    return open;
+}
+
 /* try_only: not if another thread is taking a step (it holds the lock, maybe waiting). */
 static int step(struct rs_sock *s, int wait_ms, int try_only)
 {
     int st = rs_sock_state(s);
     if (st != RS_CLIENT_HS && st != RS_SERVER_HS) return 1;
+    if (st == RS_CLIENT_HS && !frame_closed_within(s, wait_ms, try_only)) return 0;
     if (!rs_host || !rs_host->step) { __atomic_store_n(&s->state, RS_PLAIN, __ATOMIC_RELEASE); return 1; }
     if (!try_only) pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock)) return 0;
     int r = 1;
     st = s->state;
-    if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
+    if (st == RS_CLIENT_HS && rs_pre_is_open(&s->pre_open)) {
+        r = 0;                                      /* a write opened a frame meanwhile */
+    } else if (st == RS_CLIENT_HS || st == RS_SERVER_HS) {
         uintptr_t out[2] = { 0, 0 };
         int res = RS_ANSWER_DEFER;
         if (st == RS_SERVER_HS && s->answer && rs_host->answer_done) {
@@ -882,10 +917,19 @@ static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, uint6
     while (sent < n) {
         pthread_mutex_lock(&s->lock);
         int st = s->state;
-        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0) : 0;
+        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0, &s->pre_open) : 0;
+        int closed = !rs_pre_is_open(&s->pre_open);
         pthread_mutex_unlock(&s->lock);
         if (st != RS_CLIENT_HS) { *state = st; break; }
-        if (r > 0) { sent += (size_t)r; continue; }
+        if (r > 0) {
+            sent += (size_t)r;
+            /* Between frames: the answer, once there (the socket is readable: nothing
+             * else comes before it), ends the preamble, and the rest goes into the ring
+             * rather than frame after frame into a socket that keeps taking them. */
+            struct pollfd p = { .fd = s->fd, .events = POLLIN };
+            if (closed && rs_sys_poll(&p, 1, 0) > 0 && step(s, 0, 1)) { *state = rs_sock_state(s); break; }
+            continue;
+        }
         if (r != -EAGAIN && r != -EINTR) return sent ? (ssize_t)sent : r;
         if (nonblock || rs_passed(deadline)) return sent ? (ssize_t)sent : -EAGAIN;
         int w = rs_sleep_fd(s->fd, POLLOUT | POLLIN, rs_earlier(deadline, rs_deadline(50)));
@@ -999,6 +1043,10 @@ int rs_sock_shutdown_nonblock(struct rs_sock *s, int how, int nonblock, int *pla
     *plain = 0;
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) { *plain = 1; return 0; }   /* the kernel's EINVAL */
     int st = rs_sock_state(s);
+    if (st == RS_CLIENT_HS && how != SHUT_RD && end_inside_frame(s)) {
+        if (how == SHUT_WR) return 0;
+        how = SHUT_RD;
+    }
     if (nonblock && (st == RS_CLIENT_HS || st == RS_SERVER_HS) && !rs_sock_step(s, 0)) {
         pthread_mutex_lock(&s->lock);
         int open = s->state == RS_CLIENT_HS || s->state == RS_SERVER_HS;

@@ -77,6 +77,8 @@ struct rs_sock {
     uint8_t  app_nodelay;     /* TCP_NODELAY as the application set it (RING) */
     uint8_t  app_cork;        /* TCP_CORK as the application set it (RING) */
     uint8_t  hello_pending;   /* client: nonblocking connect not finished, HELLO not sent */
+    struct rs_pre_open pre_open; /* client: a preamble frame a non-blocking write left open
+                               * (rs_preamble.c); changed under lock */
     uint8_t  ep_unknown;      /* registered with epoll before connect in a way we could not
                                * take over: non-blocking reads keep arming */
     uint8_t  own_fd;          /* fd is our private duplicate: closed with the object */

@@ -760,3 +760,91 @@ def test_forked_child_counts_its_inherited_connection_apart(tmp_path):
         for p in (cli, srv):
             if p is not None:
                 _stop(p)
+
+
+NONBLOCKING_PREAMBLE = r"""
+import hashlib, socket, sys
+data = hashlib.sha256(b"seed").digest() * (1 << 15)        # 1 MiB, never repeating within 32 B
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+l.bind(("127.0.0.1", 0))
+l.listen(1)
+c = socket.socket()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+c.connect(l.getsockname())
+c.setblocking(False)
+sent = 0
+try:                                         # before the server's answer: nobody reads
+    while sent < len(data):
+        sent += c.send(data[sent:sent + 65536])
+except BlockingIOError:
+    pass
+first = sent
+a, _ = l.accept()
+a.settimeout(10)
+got = bytearray()
+while len(got) < sent:                       # the bytes the writes took, no more
+    got += a.recv(1 << 16)
+assert bytes(got) == data[:sent], "first bytes differ"
+while sent < len(data):                      # one thread both ends, as an event loop
+    try:
+        sent += c.send(data[sent:sent + 65536])
+    except BlockingIOError:
+        got += a.recv(1 << 16)
+c.shutdown(socket.SHUT_WR)
+while True:
+    b = a.recv(1 << 16)
+    if not b:
+        break
+    got += b
+assert bytes(got) == data, "stream differs"
+c3 = socket.socket()                         # ends its writing with a write taken in part
+c3.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+c3.connect(l.getsockname())
+c3.setblocking(False)
+n3 = 0
+try:
+    while True:
+        n3 += c3.send(data[n3:n3 + 65536])
+except BlockingIOError:
+    pass
+c3.shutdown(socket.SHUT_WR)
+a3, _ = l.accept()
+a3.settimeout(10)
+got3 = bytearray()
+while True:
+    b = a3.recv(1 << 16)
+    if not b:
+        break
+    got3 += b
+assert bytes(got3) == data[:n3], "the bytes before the half-close differ"
+a3.sendall(b"bye")
+a3.close()
+c3.setblocking(True)
+c3.settimeout(10)
+back = b""
+while True:
+    b = c3.recv(100)
+    if not b:
+        break
+    back += b
+assert back == b"bye", back
+print("ok", first > 0, n3 > 0)
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["tcp", "rdmasock"])
+def test_nonblocking_write_before_the_answer_never_blocks(tmp_path, preload):
+    """A non-blocking client writes before the server's answer into a socket that cannot
+    take a whole preamble frame (its own listener, in the same thread, does not read
+    yet).  Its writes return what fit, then EAGAIN, as over TCP; they used to wait for
+    room for the frame's tail, for ever.  The frame left open is finished by the next
+    writes, and the stream arrives whole; a client that half-closes instead leaves its
+    server what came, then the end of the stream, and reads the server's answer."""
+    log = str(tmp_path / "log")
+    r = subprocess.run((RUN if preload else []) + [SYS_PY, "-c", NONBLOCKING_PREAMBLE], capture_output=True,
+                       env=_env(log), timeout=60)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert r.stdout.split() == [b"ok", b"True", b"True"]
+    if preload:
+        assert "transport=shm" in open(log).read()
