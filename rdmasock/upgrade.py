@@ -166,12 +166,14 @@ def server_plan(sock, local, peer):
     if status == "ok":
         return None, None
     why = "peer_unverified" if status == "unverified" else "peer_not_rdmasock"
-    if cfg.listed_peer(peer[0], local[1]) or _hello_waiting(sock):
+    listed = cfg.listed_peer(peer[0], local[1])
+    if listed or _hello_waiting(sock):
         # A client on another host (RDMASOCK_PEERS: rdma only), or an rdmasock client whose
-        # name is gone (it closed the connection before we accepted it) or is not its own:
-        # its HELLO is answered, so that no handshake byte reaches the program; no segment
-        # goes to a name we cannot trust.
-        return None, why
+        # name is not its own: its HELLO is answered, so that no handshake byte reaches the
+        # program; no segment goes to a name we cannot trust.  One whose name is gone gave
+        # up its handshake before we accepted (it closed): its HELLO is read, not answered
+        # (Server.step).
+        return None, "closed_during_handshake" if status == "absent" and not listed else why
     return why, None
 
 
@@ -465,6 +467,13 @@ class Server(_Side):
             # The client closed right after its HELLO: an answer would only provoke a reset,
             # which the application would see where TCP shows it the end of the stream.
             return Outcome("tcp", "closed_during_handshake")
+        if self.decline_shm == "closed_during_handshake":
+            # Its name is gone: it closed before we accepted, having written frames.  The
+            # reset an answer would provoke would also destroy those still on their way;
+            # they are read unanswered, to their end.
+            outcome = Outcome("tcp", "closed_during_handshake")
+            outcome.preamble = bool(msg.features & hs.F_PREAMBLE)
+            return outcome
         reply = hs.Message(hs.OP_DECLINE, nonce=msg.nonce, pid=os.getpid())
         outcome = self._choose(msg, reply)
         outcome.preamble = bool(msg.features & hs.F_PREAMBLE)   # an older client sends plain bytes

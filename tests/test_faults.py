@@ -366,15 +366,44 @@ def test_server_reset_during_handshake_is_told_as_the_peer_closing():
 
 def test_client_gone_before_accept_leaves_no_handshake_bytes():
     """A client that connects, writes and closes before the server accepts: its name is
-    gone by then, but its HELLO is on the stream.  The server answers it, and the program
-    reads exactly what the client wrote, then the end."""
+    gone by then, but its HELLO is on the stream.  The server reads it without answering,
+    and the program reads exactly what the client wrote, then the end."""
     srv = rdmasock.create_server(("127.0.0.1", 0))
     c = rdmasock.create_connection(srv.getsockname())
     c.sendall(b"written before accept")
     c.close()
     s, _ = srv.accept()
     assert recv_all(s, timeout=10) == b"written before accept"
-    assert s.transport == "tcp" and s.fallback_reason == "peer_not_rdmasock"
+    assert s.transport == "tcp" and s.fallback_reason == "closed_during_handshake"
+    for x in (s, srv):
+        x.close()
+
+
+def test_client_gone_before_accept_loses_nothing_in_flight():
+    """The same with more than the buffers hold: the client's last bytes are still on their
+    way (in its closed socket) when the server accepts.  An answer would reach that closed
+    socket, and its reset would destroy them (the server read 6136 of 12280 bytes, then
+    ECONNRESET); unanswered, they all arrive, then the end, as over TCP."""
+    srv = rdmasock.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    c = rdmasock.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    c.connect(srv.getsockname())
+    c.setblocking(False)
+    data = os.urandom(1 << 20)
+    sent = 0
+    try:
+        while sent < len(data):
+            sent += c.send(data[sent:sent + 65536])
+    except BlockingIOError:
+        pass
+    c.close()
+    assert sent > 0
+    s, _ = srv.accept()
+    assert recv_all(s, timeout=10) == data[:sent]
+    assert s.transport == "tcp" and s.fallback_reason == "closed_during_handshake"
     for x in (s, srv):
         x.close()
 
