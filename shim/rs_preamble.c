@@ -94,9 +94,9 @@ static ssize_t continue_frame(int fd, const void *buf, size_t len, struct rs_pre
 }
 
 /* Sends up to RS_PRE_MAX bytes of buf as one DATA frame, or continues the frame `open`
- * holds.  Blocking (open NULL or not nonblock): the frame goes whole.  Non-blocking with
- * `open`: what the socket took; a frame it took in part stays open.  Returns the payload
- * bytes taken, or -errno (-EAGAIN: the socket took none). */
+ * holds.  Without `open` the frame goes whole (nonblock: only if the socket is writable
+ * now, else -EAGAIN).  Non-blocking with `open`: what the socket took; a frame it took in
+ * part stays open.  Returns the payload bytes taken, or -errno (-EAGAIN: none). */
 ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeout_ms, struct rs_pre_open *open)
 {
     if (len == 0) return 0;
@@ -111,7 +111,14 @@ ssize_t rs_pre_send(int fd, const void *buf, size_t len, int nonblock, int timeo
         if (open->hdr_left == RS_PRE_HDR) open->hdr_left = 0, open->owed = 0;   /* nothing left: no frame */
         return r;
     }
-    if (timeout_ms > 0) {
+    if (nonblock) {
+        /* A caller that waits anyway (open NULL) writes whole frames, and only starts one
+         * that the socket can take now: where it cannot, the caller's wait looks for the
+         * answer, which ends the preamble. */
+        struct pollfd p = { .fd = fd, .events = POLLOUT };
+        if (rs_sys_poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) return -EAGAIN;
+        if (n > RS_PRE_NONBLOCK_MAX) n = RS_PRE_NONBLOCK_MAX;
+    } else if (timeout_ms > 0) {
         uint64_t deadline = rs_deadline(timeout_ms);
         struct pollfd p = { .fd = fd, .events = POLLOUT };
         while (rs_sys_poll(&p, 1, 0) <= 0) {

@@ -917,7 +917,10 @@ static ssize_t send_preamble(struct rs_sock *s, const void *buf, size_t n, uint6
     while (sent < n) {
         pthread_mutex_lock(&s->lock);
         int st = s->state;
-        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0, &s->pre_open) : 0;
+        /* A call that may wait writes whole frames (it waits for their tails, as TCP's
+         * blocking send waits for room); a non-blocking one what the socket takes. */
+        struct rs_pre_open *o = nonblock || rs_pre_is_open(&s->pre_open) ? &s->pre_open : NULL;
+        ssize_t r = st == RS_CLIENT_HS ? rs_pre_send(s->fd, (const uint8_t *)buf + sent, n - sent, 1, 0, o) : 0;
         int closed = !rs_pre_is_open(&s->pre_open);
         pthread_mutex_unlock(&s->lock);
         if (st != RS_CLIENT_HS) { *state = st; break; }
