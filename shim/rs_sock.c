@@ -682,18 +682,20 @@ static void set_broken(struct rs_sock *s, int err)
 
 /* A preamble frame that a non-blocking write began is still open: the answer waits, since
  * the SWITCH that follows it must come after the frame's tail, which only the program's
- * next writes bring.  Waits up to wait_ms (another thread may be writing), the lock taken
- * only to look (try_only: not waited for).  1: no frame open. */
+ * next writes bring.  Waits up to wait_ms (another thread may be writing), looking every
+ * 2 ms at first, every 50 ms at most, the lock taken only to look (try_only: not waited
+ * for).  1: no frame open. */
 static int frame_closed_within(struct rs_sock *s, int wait_ms, int try_only)
 {
-    uint64_t deadline = rs_deadline(wait_ms);
+    uint64_t deadline = rs_deadline(wait_ms), nap_ns = 2000000;
     for (;;) {
         if (!try_only) pthread_mutex_lock(&s->lock);
         else if (pthread_mutex_trylock(&s->lock)) return 0;
         int open = rs_pre_is_open(&s->pre_open);
         pthread_mutex_unlock(&s->lock);
         if (!open) return 1;
-        if (rs_nap(2000000, deadline, 0) <= 0) return 0;
+        if (rs_nap(nap_ns, deadline, 0) <= 0) return 0;
+        if (nap_ns < 50000000) nap_ns *= 2;
     }
 }
 
